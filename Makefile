@@ -1,0 +1,30 @@
+# Two commands set up and run everything on a fresh machine:
+#   make demo   train and evaluate on built-in data (no download)
+#   make test   every test: package/notebook sync, nbdev-test over all notebooks, pytest tests/
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export MPLBACKEND ?= Agg
+export PYTHONHASHSEED ?= 0
+
+.PHONY: demo test install docs preview clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || python3 -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@touch $@
+
+demo: $(STAMP)
+	$(BIN)/dml-book train --dataset glyphs --loss triplet --epochs 5 --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/nbdev-test --n-workers 2 --timing
+	$(BIN)/python -m pytest -q tests/
+
+docs: $(STAMP)
+	$(BIN)/nbdev-docs
+
+clean:
+	rm -rf _docs _proc _preview runs
