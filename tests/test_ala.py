@@ -1,0 +1,154 @@
+"ALA (Zheng et al., CVPR 2020): meta-gradient, Algorithm 1's final step, checkpoints, and a short run on built-in data."
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn as nn
+
+from dml_book.distances import all_triplets
+from dml_book.losses import TripletLoss
+from dml_book.methods.ala import ALA, Assessor, meta_objective, tuple_embeddings
+from dml_book.models import EmbeddingNet
+from dml_book.registry import METHODS
+
+
+def _meta_grad_check(head, dtype=torch.float64, seed=0, lrs=0.5):
+    "Directional derivative of eq. (11) along random directions in phi: autograd against central differences."
+    g = torch.Generator().manual_seed(seed)
+    ass = Assessor(9 if head.out_features == 3 else 3 * head.out_features, hidden_size=5).to(dtype)
+    x, y = torch.randn(8, head.in_features, generator=g, dtype=dtype), torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    xv, yv = torch.randn(6, head.in_features, generator=g, dtype=dtype), torch.tensor([4, 4, 5, 5, 6, 6])
+    loss_fn, params = TripletLoss(margin=0.5), dict(head.named_parameters())
+    state = tuple(torch.randn(2, 1, 5, generator=g, dtype=dtype) for _ in range(2))   # a carried LSTM state
+
+    def L_val():
+        emb = head(x); t = all_triplets(y)
+        return meta_objective(ass, state, tuple_embeddings(emb, t), emb, y, t, head, params, lrs, xv, yv, loss_fn)
+
+    grads = torch.autograd.grad(L_val(), list(ass.parameters()))
+    assert sum(float(gr.abs().sum()) for gr in grads) > 0
+    for _ in range(3):
+        v = [torch.randn(p.shape, generator=g, dtype=dtype) for p in ass.parameters()]
+        def at(eps):
+            with torch.no_grad():
+                for p, d in zip(ass.parameters(), v): p.add_(eps * d)
+                out = None
+            out = L_val().item()
+            with torch.no_grad():
+                for p, d in zip(ass.parameters(), v): p.sub_(eps * d)
+            return out
+        fd = (at(1e-6) - at(-1e-6)) / 2e-6
+        analytic = sum(float((gr * d).sum()) for gr, d in zip(grads, v))
+        assert analytic == pytest.approx(fd, rel=1e-5, abs=1e-9)
+
+
+def test_meta_gradient_matches_finite_differences():
+    torch.manual_seed(0)
+    _meta_grad_check(nn.Linear(4, 3).double())
+    _meta_grad_check(nn.Linear(5, 3).double(), seed=1, lrs=[0.3, 0.7])   # per-parameter alpha
+
+
+def _episode(n_train=8, n_val=4, dim=16, seed=0):
+    "An episode like EpisodeSampler's: n_train images of classes 0-1, then n_val of classes 2-3."
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_train + n_val, 1, 4, 4, generator=g)
+    y = torch.cat([torch.arange(2).repeat_interleave(n_train // 2), 2 + torch.arange(2).repeat_interleave(n_val // 2)])
+    return x, y
+
+
+def _trainer(backbone=None, loss_fn=None, miner=None, seed=0):
+    torch.manual_seed(seed)
+    backbone = backbone or nn.Sequential(nn.Flatten(), nn.Linear(16, 10), nn.ReLU())
+    model = EmbeddingNet(backbone, 10, 4)
+    cfg = SimpleNamespace(lr_backbone=1e-3, lr_head=1e-2, m_per_class=2, seed=0)
+    return SimpleNamespace(cfg=cfg, device=torch.device("cpu"), model=model, loss_fn=loss_fn or TripletLoss(margin=0.5),
+                           miner=miner, optimizer=None, train_ds=None)
+
+
+def _optimizer(model, cfg):
+    return torch.optim.Adam([{"params": model.backbone.parameters(), "lr": cfg.lr_backbone},
+                             {"params": model.head.parameters(), "lr": cfg.lr_head}])
+
+
+def _setup(tr, **kw):
+    method = ALA(n_train=8, n_val=4, meta_steps=2, max_tuples=20, hidden_size=8, **kw)
+    method.setup(tr)
+    tr.method, tr.optimizer = method, _optimizer(tr.model, tr.cfg)
+    return method
+
+
+@pytest.mark.parametrize("step", ["head", "all"])
+def test_iteration_is_one_plain_step_with_the_updated_assessor(step):
+    tr = _trainer()
+    method = _setup(tr, step=step)
+    x, y = _episode()
+    # two warm-up iterations so that the LSTM state, Adam moments and the generator are not at their initial values
+    for s in (1, 2): method.training_step(tr, *_episode(seed=s))
+    model0, opt_state0 = copy.deepcopy(tr.model), copy.deepcopy(tr.optimizer.state_dict())
+    state0, gen0 = method.state, method.generator.get_state()
+    assessor0 = copy.deepcopy(method.assessor)
+    param_ids = [id(p) for p in tr.model.parameters()]
+
+    out = method.training_step(tr, x, y)
+
+    # the manual computation: same tuples (replayed generator), the *updated* assessor, one step of a copy of the optimiser
+    replay = ALA(n_train=8, n_val=4, max_tuples=20); replay.arity = 3; replay.generator.set_state(gen0)
+    emb = model0(x[:8])
+    t = replay._tuples(tr, emb, y[:8])
+    with torch.no_grad(): w, _ = method.assessor(tuple_embeddings(emb, t), state0)
+    opt = _optimizer(model0, tr.cfg); opt.load_state_dict(opt_state0)
+    opt.zero_grad(); TripletLoss(margin=0.5)(emb, y[:8], t, weights=w).backward(); opt.step()
+    for (name, p), p0 in zip(tr.model.named_parameters(), model0.parameters()):
+        torch.testing.assert_close(p, p0, rtol=1e-6, atol=1e-7, msg=name)
+    assert out["tuples"] == len(w) and out["weight_mean"] == pytest.approx(w.mean().item(), rel=1e-6)
+    # the assessor moved (K meta-steps happened) and no stepped copy is kept anywhere
+    assert any(not torch.equal(a, b) for a, b in zip(method.assessor.parameters(), assessor0.parameters()))
+    assert [id(p) for p in tr.model.parameters()] == param_ids
+    assert {k.split(".")[0] for k in method.state_dict()} == {"assessor", "_extra_state"}
+    assert sum(p.numel() for p in method.parameters()) == sum(p.numel() for p in method.assessor.parameters())
+    held = [v for v in vars(method).values() if isinstance(v, dict) and any(torch.is_tensor(t) and t.requires_grad for t in v.values())]
+    assert held == []
+    assert all(not s.requires_grad for s in method.state)
+
+
+def test_all_step_leaves_batchnorm_statistics_to_the_real_forward():
+    bb = nn.Sequential(nn.Flatten(), nn.Linear(16, 10), nn.BatchNorm1d(10), nn.ReLU())
+    tr = _trainer(backbone=bb)
+    method = _setup(tr, step="all")
+    x, y = _episode()
+    ref = copy.deepcopy(tr.model.backbone)
+    ref(x[:8])                                      # the one forward of the original metric on the training subset
+    method.training_step(tr, x, y)
+    torch.testing.assert_close(tr.model.backbone[2].running_mean, ref[2].running_mean)
+    torch.testing.assert_close(tr.model.backbone[2].running_var, ref[2].running_var)
+
+
+def test_resumed_run_equals_uninterrupted():
+    def fresh():
+        tr = _trainer(); return tr, _setup(tr)
+    tr, m = fresh()
+    for s in range(3): m.training_step(tr, *_episode(seed=s))
+    tr2, m2 = fresh()
+    m2.training_step(tr2, *_episode(seed=0))
+    ckpt = copy.deepcopy({"model": tr2.model.state_dict(), "opt": tr2.optimizer.state_dict(), "method": m2.state_dict()})
+    tr3, m3 = fresh()                               # a new process: everything rebuilt, then loaded
+    tr3.model.load_state_dict(ckpt["model"]); tr3.optimizer.load_state_dict(ckpt["opt"]); m3.load_state_dict(ckpt["method"])
+    assert m3.state is not None and torch.equal(m3.state[0], m2.state[0])
+    for s in (1, 2): m3.training_step(tr3, *_episode(seed=s))
+    for p, q in zip(tr.model.parameters(), tr3.model.parameters()): torch.testing.assert_close(p, q, rtol=0, atol=0)
+    for p, q in zip(m.assessor.parameters(), m3.assessor.parameters()): torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="step must be 'head' or 'all'"): ALA(step="backbone")
+    with pytest.raises(ValueError, match="meta_steps must be an integer >= 1"): ALA(meta_steps=0)
+    tr = _trainer(); method = _setup(tr)
+    with pytest.raises(ValueError, match="n_train \\+ n_val = 12 images"): method.training_step(tr, *(t[:10] for t in _episode()))
+
+
+def test_registered_with_paper_presets():
+    assert METHODS.get("ala") is ALA
+    p = ALA.presets["paper"]
+    assert (p["lr_backbone"], p["lr_head"], p["method_kwargs"]["assessor_lr"]) == (1e-4, 1e-3, 4e-4)
+    assert {ALA.presets[f"paper-{l}"]["loss"] for l in ("contrastive", "triplet", "margin")} == {"contrastive", "triplet", "margin"}
