@@ -1,0 +1,261 @@
+"Tests of dml_book.metrics and dml_book.reid_metrics against brute-force references and peer libraries."
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import normalized_mutual_info_score
+
+from dml_book.metrics import (evaluate, reid_evaluate, flip_averaged_features, knn, kmeans_assign, nmi,
+                              pairwise_f1, gpu_available)
+
+
+# ---------------------------------------------------------------- brute-force references
+def brute_distances(x, g, distance):
+    x, g = np.asarray(x, np.float64), np.asarray(g, np.float64)
+    if distance == "cosine":
+        x, g = x / np.linalg.norm(x, axis=1, keepdims=True), g / np.linalg.norm(g, axis=1, keepdims=True)
+        return 1 - x @ g.T
+    return np.sqrt(((x[:, None] - g[None]) ** 2).sum(-1))
+
+
+def brute_retrieval(x, y, ks, gx=None, gy=None, distance="euclidean"):
+    "Recall@K, MAP@R, R-Precision with a full distance matrix, query by query."
+    single = gx is None
+    gx, gy = (x, y) if single else (gx, gy)
+    d = brute_distances(x, gx, distance)
+    out = {f"R@{k}": 0.0 for k in ks}
+    aps, rps = [], []
+    for i in range(len(x)):
+        cand = [j for j in np.argsort(d[i], kind="stable") if not (single and j == i)]
+        rel = [gy[j] == y[i] for j in cand]
+        for k in ks:
+            out[f"R@{k}"] += any(rel[:k]) / len(x)
+        r = sum(rel)
+        if r == 0:
+            continue
+        hits, s = 0, 0.0
+        for pos in range(r):
+            if rel[pos]:
+                hits += 1
+                s += hits / (pos + 1)
+        aps.append(s / r)
+        rps.append(hits / r)
+    return {**out, "MAP@R": np.mean(aps), "R-Precision": np.mean(rps)}
+
+
+def brute_pair_f1(y, c):
+    tp = fp = fn = 0
+    for i in range(len(y)):
+        for j in range(i + 1, len(y)):
+            same_y, same_c = y[i] == y[j], c[i] == c[j]
+            tp += same_y and same_c
+            fp += same_c and not same_y
+            fn += same_y and not same_c
+    p, r = tp / (tp + fp), tp / (tp + fn)
+    return 2 * p * r / (p + r)
+
+
+RETRIEVAL = ("R@K", "MAP@R", "R-Precision")
+
+
+# ---------------------------------------------------------------- retrieval metrics
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("max_memory", [2_000, 256 * 2**20])  # many tiny chunks / one chunk
+def test_single_set_matches_brute_force(distance, max_memory):
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(150, 5)), rng.integers(0, 15, 150)
+    got = evaluate(x, y, ks=(1, 2, 4, 8, 30), metrics=RETRIEVAL, distance=distance, max_memory=max_memory)
+    want = brute_retrieval(x, y, (1, 2, 4, 8, 30), distance=distance)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k] == pytest.approx(want[k], abs=1e-12), k
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_query_gallery_matches_brute_force(distance):
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(80, 6)), rng.integers(0, 10, 80)
+    gx, gy = rng.normal(size=(130, 6)), rng.integers(0, 10, 130)
+    got = evaluate(torch.tensor(x), torch.tensor(y), ks=(1, 5, 130), metrics=RETRIEVAL, gallery=torch.tensor(gx),
+                   gallery_labels=torch.tensor(gy), distance=distance, max_memory=5_000)
+    want = brute_retrieval(x, y, (1, 5, 130), gx, gy, distance)
+    for k in want:
+        assert got[k] == pytest.approx(want[k], abs=1e-12), k
+    assert got["R@130"] == 1.0  # every query class occurs in the gallery
+
+
+def test_agrees_with_pytorch_metric_learning():
+    "The metrics both libraries compute, on the same data, including PML's k-means seed."
+    pml = pytest.importorskip("pytorch_metric_learning.utils.accuracy_calculator")
+    rng = np.random.default_rng(3)
+    y = np.repeat(np.arange(40), rng.integers(2, 8, 40))
+    x = (rng.normal(size=(40, 16))[y] + rng.normal(size=(len(y), 16))).astype(np.float32)
+    calc = pml.AccuracyCalculator(include=("precision_at_1", "NMI", "mean_average_precision_at_r", "r_precision"),
+                                  k="max_bin_count", device=torch.device("cpu"))
+    theirs = calc.get_accuracy(torch.tensor(x), torch.tensor(y))
+    ours = evaluate(x, y, ks=(1,), seed=1234)  # faiss' default seed, which PML leaves unchanged
+    assert ours["R@1"] == pytest.approx(theirs["precision_at_1"], abs=1e-6)
+    assert ours["MAP@R"] == pytest.approx(theirs["mean_average_precision_at_r"], abs=1e-6)
+    assert ours["R-Precision"] == pytest.approx(theirs["r_precision"], abs=1e-6)
+    assert ours["NMI"] == pytest.approx(theirs["NMI"], abs=1e-9)
+
+
+def test_knn_removes_self_among_exact_duplicates():
+    rng = np.random.default_rng(4)
+    x = np.repeat(rng.normal(size=(30, 3)), 3, axis=0)  # triplets of identical rows
+    _, idx = knn(x, 2, max_memory=400)
+    assert not (idx == np.arange(90)[:, None]).any()
+    assert (idx // 3 == np.arange(90)[:, None] // 3).all()  # the two twins come first
+
+
+# ---------------------------------------------------------------- clustering metrics
+def test_nmi_matches_sklearn_on_the_kmeans_assignment():
+    rng = np.random.default_rng(5)
+    y = rng.integers(0, 12, 300)
+    x = rng.normal(size=(12, 8))[y] * 3 + rng.normal(size=(300, 8))
+    c = kmeans_assign(x, 12, seed=7)
+    assert nmi(y, c) == pytest.approx(normalized_mutual_info_score(y, c), abs=1e-12)
+    res = evaluate(x, y, metrics=("NMI", "F1"), seed=7)
+    assert res["NMI"] == pytest.approx(normalized_mutual_info_score(y, c), abs=1e-12)
+    assert res["F1"] == pytest.approx(brute_pair_f1(y, c), abs=1e-12)
+    assert kmeans_assign(x, 12, seed=7).tolist() == c.tolist()  # fixed seed, same assignment
+
+
+@pytest.mark.parametrize("n_classes,n_clusters", [(3, 3), (7, 20), (25, 4)])
+def test_nmi_and_f1_on_random_labelings(n_classes, n_clusters):
+    rng = np.random.default_rng(n_classes)
+    y, c = rng.integers(0, n_classes, 150), rng.integers(0, n_clusters, 150) + 100
+    assert nmi(y, c) == pytest.approx(normalized_mutual_info_score(y, c), abs=1e-12)
+    assert pairwise_f1(y, c) == pytest.approx(brute_pair_f1(y, c), abs=1e-12)
+
+
+def test_clustering_edge_cases():
+    y = np.array([0, 0, 1, 1, 2, 2])
+    assert nmi(y, np.zeros(6, int)) == pytest.approx(normalized_mutual_info_score(y, np.zeros(6, int)))
+    assert nmi(np.zeros(4, int), np.zeros(4, int)) == normalized_mutual_info_score(np.zeros(4), np.zeros(4)) == 1.0
+    assert pairwise_f1(y, [5, 5, 9, 9, 7, 7]) == 1.0
+    assert np.isnan(pairwise_f1([0, 1, 2], [0, 1, 2]))  # no pair in either labeling: undefined, not 0 or 1
+    with pytest.raises(ValueError, match="cannot make 5 clusters of 3 points"):
+        kmeans_assign(np.eye(3), 5)
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_input_is_refused():
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(20, 4)), rng.integers(0, 4, 20)
+    with pytest.raises(ValueError, match=r"one label per embedding \(20\)"):
+        evaluate(x, y[:-1])
+    for bad in (np.nan, np.inf, -np.inf):
+        xb = x.copy()
+        xb[3, 1] = bad
+        with pytest.raises(ValueError, match=r"1 rows with NaN or infinite values \(first: row 3\)"):
+            evaluate(xb, y)
+    with pytest.raises(ValueError, match="between 1 and the gallery size 19"):
+        evaluate(x, y, ks=(1, 20))  # single-set: the query itself is not in its gallery
+    with pytest.raises(ValueError, match="between 1 and the gallery size 5"):
+        evaluate(x, y, ks=(6,), gallery=x[:5], gallery_labels=y[:5])
+    with pytest.raises(ValueError, match="query has dimension 4, gallery 3"):
+        evaluate(x, y, gallery=x[:, :3], gallery_labels=y)
+    with pytest.raises(ValueError, match="all-zero embeddings"):
+        evaluate(np.zeros((4, 2)), [0, 0, 1, 1], ks=(1,), distance="cosine")
+    with pytest.raises(ValueError, match="unknown distance 'l1'"):
+        evaluate(x, y, distance="l1")
+    with pytest.raises(TypeError, match="must be integers"):
+        evaluate(x, y.astype(float))
+    if not gpu_available():
+        with pytest.raises(RuntimeError, match="no GPU"):
+            evaluate(x, y, use_gpu=True)
+
+
+def test_single_image_class_is_a_miss_in_recall_and_left_out_of_map_r():
+    # classes: 0 (2 images, mutual nearest neighbours), 1 (2 images, far apart), 2 (1 image)
+    x = np.array([[0.0], [0.1], [0.35], [5.0], [0.22]])
+    y = np.array([0, 0, 1, 1, 2])
+    with pytest.warns(UserWarning, match="1 of 5 queries have no item of their class"):
+        res = evaluate(x, y, ks=(1, 4), metrics=RETRIEVAL)
+    # R@1: queries 0, 1 and 3 hit; 2 (nearest: 4) misses; the lone query 4 is a miss.
+    assert res["R@1"] == pytest.approx(3 / 5)
+    assert res["R@4"] == pytest.approx(4 / 5)  # every query but the lone one finds its class within 4
+    assert res["MAP@R"] == pytest.approx(np.mean([1, 1, 0, 1]))  # over the 4 queries that have R >= 1
+    assert res == pytest.approx({k: v for k, v in brute_retrieval(x, y, (1, 4)).items()})
+
+
+def test_all_lone_queries_give_nan_map_r_with_a_warning():
+    with pytest.warns(UserWarning, match="3 of 3 queries"):
+        res = evaluate(np.eye(3), [0, 1, 2], ks=(1,), metrics=RETRIEVAL)
+    assert res["R@1"] == 0.0 and np.isnan(res["MAP@R"]) and np.isnan(res["R-Precision"])
+
+
+# ---------------------------------------------------------------- re-identification
+def brute_reid(qf, qp, qc, gf, gp, gc, ranks):
+    "The Market-1501 protocol literally: sort, delete same-camera matches and junk, read CMC and AP."
+    firsts, aps = [], []
+    d = brute_distances(qf, gf, "euclidean")
+    for i in range(len(qf)):
+        ranking = [j for j in np.argsort(d[i], kind="stable")
+                   if gp[j] != -1 and not (gp[j] == qp[i] and gc[j] == qc[i])]
+        hits = [pos for pos, j in enumerate(ranking) if gp[j] == qp[i]]
+        if not hits:
+            continue
+        firsts.append(hits[0])
+        aps.append(np.mean([(n + 1) / (pos + 1) for n, pos in enumerate(hits)]))
+    return {"mAP": np.mean(aps), **{f"CMC@{r}": np.mean(np.array(firsts) < r) for r in ranks}}
+
+
+def test_reid_hand_built_case():
+    # gallery on a line; queries at -1 (person 1, cam 0), 10 (person 2, cam 1), 4.4 (person 3, cam 0)
+    gf = np.arange(10.0)[:, None]
+    gp = np.array([1, -1, 0, 1, 2, 1, 2, 0, 3, 2])   # -1 junk, 0 distractors
+    gc = np.array([0, 1, 2, 1, 1, 2, 0, 0, 0, 1])
+    qf, qp, qc = np.array([[-1.0], [10.0], [4.4]]), np.array([1, 2, 3]), np.array([0, 1, 0])
+    # query 0: valid ranking 2(d) 3(hit) 4 5(hit) 6 7 8 9 -> first 1, AP (1/2 + 2/4)/2 = 0.5
+    # query 1: 9 (same camera) and 4 ignored -> 8 7 6(hit) ... -> first 2, AP 1/3
+    # query 2: person 3 only in camera 0, its own -> no valid match, left out with a warning
+    with pytest.warns(UserWarning, match="1 of 3 queries have no valid match"):
+        res = reid_evaluate(qf, qp, qc, gf, gp, gc, ranks=(1, 2, 3))
+    assert res == pytest.approx({"mAP": (0.5 + 1 / 3) / 2, "CMC@1": 0.0, "CMC@2": 0.5, "CMC@3": 1.0})
+    assert res == pytest.approx(brute_reid(qf, qp, qc, gf, gp, gc, (1, 2, 3)))
+
+
+@pytest.mark.parametrize("max_memory", [40 * 200 * 3, 256 * 2**20])
+def test_reid_matches_brute_force(max_memory):
+    rng = np.random.default_rng(8)
+    qf, gf = rng.normal(size=(60, 6)), rng.normal(size=(200, 6))
+    qp, qc = rng.integers(1, 15, 60), rng.integers(0, 3, 60)
+    gp, gc = rng.integers(-1, 15, 200), rng.integers(0, 3, 200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = reid_evaluate(torch.tensor(qf), qp, qc, gf, gp, gc, ranks=(1, 5, 10, 200), max_memory=max_memory)
+    assert res == pytest.approx(brute_reid(qf, qp, qc, gf, gp, gc, (1, 5, 10, 200)), abs=1e-12)
+
+
+def test_reid_bad_input():
+    f, p = np.ones((3, 2)), np.array([1, 2, 3])
+    with pytest.raises(ValueError, match="gallery_camids must be 1-D with one label per embedding"):
+        reid_evaluate(f, p, p, f, p, p[:2])
+    with pytest.raises(ValueError, match="between 1 and the gallery size 3"):
+        reid_evaluate(f, p, p, f, p, p + 1, ranks=(5,))
+    with pytest.raises(ValueError, match="no query has a valid match"):
+        reid_evaluate(f, p, p, f, p, p, ranks=(1,))  # every match is in the query's own camera
+
+
+def test_flip_averaged_features():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    imgs = torch.randn(5, 1, 3, 4)
+    want = (model(imgs) + model(imgs.flip(-1))) / 2
+    got = flip_averaged_features(model, imgs, batch_size=2)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert torch.allclose(flip_averaged_features(model, [(imgs[:3], 0), (imgs[3:], 1)]), want, atol=1e-6)
+    sym = imgs + imgs.flip(-1)  # mirror-symmetric images: averaging changes nothing
+    assert torch.allclose(flip_averaged_features(model, sym), model(sym), atol=1e-6)
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs a GPU build of faiss and a GPU")
+def test_gpu_and_cpu_agree():
+    rng = np.random.default_rng(9)
+    x, y = rng.normal(size=(500, 16)).astype(np.float32), rng.integers(0, 20, 500)
+    cpu = evaluate(x, y, ks=(1, 4, 16), use_gpu=False)
+    gpu = evaluate(x, y, ks=(1, 4, 16), use_gpu=True)
+    for k in ("R@1", "R@4", "R@16", "MAP@R", "R-Precision"):
+        assert gpu[k] == pytest.approx(cpu[k], abs=1e-3)
