@@ -1,2 +1,7 @@
 "Datasets: built-in (no download) and the real benchmarks as their archives extract."
 from .builtin import *
+from .core import *
+from .download import DownloadError, Archive, download_url, extract_archive, fetch_archives
+from .transforms import *
+from .retrieval import *
+from .reid import *
