@@ -1,3 +1,4 @@
 "Every loss of the book, one call convention: `loss(embeddings, labels, indices_tuple=None, weights=None)`."
 from .base import *
 from .triplet import *
+from .pair import *
