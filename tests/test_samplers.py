@@ -108,3 +108,32 @@ def test_ddp_share_from_torch_distributed(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try: assert ClassBalancedBatchSampler(np.repeat(np.arange(4), 2), 4, 2).world_size == 1 and ddp_share() == (0, 1)
     finally: dist.destroy_process_group()
+
+def _ddp_worker(rank, world_size, init, labels, out):
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
+    try:
+        samplers = [ClassBalancedBatchSampler(labels, 8, 4, seed=7), EpisodeSampler(labels, 8, 4, 4, seed=7),
+                    TaskSampler(labels, 3, 2, 1, seed=7)]
+        for s in samplers: s.set_epoch(3)
+        out.put((rank, [s.rank for s in samplers], [list(s) for s in samplers]))
+    finally: dist.destroy_process_group()
+
+def test_shares_under_real_process_group(tmp_path):
+    "Two processes in a gloo group: ranks come from torch.distributed, shares are those of explicit ranks and disjoint."
+    import multiprocessing as mp
+    ctx, labels, world = mp.get_context("fork"), uneven_labels(), 2
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_ddp_worker, args=(r, world, f"file://{tmp_path}/pg", labels, out)) for r in range(world)]
+    for p in procs: p.start()
+    got = dict((r, (ranks, draws)) for r, ranks, draws in (out.get(timeout=120) for _ in procs))
+    for p in procs: p.join(timeout=60); assert p.exitcode == 0
+    for r in range(world):
+        ranks, draws = got[r]
+        assert ranks == [r] * 3
+        explicit = [ClassBalancedBatchSampler(labels, 8, 4, seed=7, rank=r, world_size=world),
+                    EpisodeSampler(labels, 8, 4, 4, seed=7, rank=r, world_size=world),
+                    TaskSampler(labels, 3, 2, 1, seed=7, rank=r, world_size=world)]
+        for s in explicit: s.set_epoch(3)
+        assert draws == [list(s) for s in explicit]
+    for b0, b1 in zip(got[0][1][0], got[1][1][0]): assert not set(labels[b0]) & set(labels[b1])
