@@ -585,4 +585,9 @@ d = { 'settings': { 'branch': 'main',
                                 'dml_book.train.preset_config': ('train.html#preset_config', 'dml_book/train.py'),
                                 'dml_book.train.resolve_device': ('train.html#resolve_device', 'dml_book/train.py'),
                                 'dml_book.train.seed_everything': ('train.html#seed_everything', 'dml_book/train.py'),
-                                'dml_book.train.train': ('train.html#train', 'dml_book/train.py')}}}
+                                'dml_book.train.train': ('train.html#train', 'dml_book/train.py')},
+            'dml_book.viz': { 'dml_book.viz._show': ('viz.html#_show', 'dml_book/viz.py'),
+                              'dml_book.viz.history_frame': ('viz.html#history_frame', 'dml_book/viz.py'),
+                              'dml_book.viz.plot_learning_curves': ('viz.html#plot_learning_curves', 'dml_book/viz.py'),
+                              'dml_book.viz.plot_retrieval_gallery': ('viz.html#plot_retrieval_gallery', 'dml_book/viz.py'),
+                              'dml_book.viz.plot_umap': ('viz.html#plot_umap', 'dml_book/viz.py')}}}

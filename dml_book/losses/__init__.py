@@ -2,3 +2,4 @@
 from .base import *
 from .triplet import *
 from .pair import *
+from .proxy import *
