@@ -218,7 +218,7 @@ def test_reid_hand_built_case():
     assert res == pytest.approx(brute_reid(qf, qp, qc, gf, gp, gc, (1, 2, 3)))
 
 
-@pytest.mark.parametrize("max_memory", [40 * 200 * 3, 256 * 2**20])
+@pytest.mark.parametrize("max_memory", [80 * 200 * 3, 256 * 2**20])
 def test_reid_matches_brute_force(max_memory):
     rng = np.random.default_rng(8)
     qf, gf = rng.normal(size=(60, 6)), rng.normal(size=(200, 6))
@@ -259,3 +259,15 @@ def test_gpu_and_cpu_agree():
     gpu = evaluate(x, y, ks=(1, 4, 16), use_gpu=True)
     for k in ("R@1", "R@4", "R@16", "MAP@R", "R-Precision"):
         assert gpu[k] == pytest.approx(cpu[k], abs=1e-3)
+
+
+def test_metric_selection():
+    rng = np.random.default_rng(10)
+    x, y = rng.normal(size=(40, 4)), np.r_[np.arange(39) % 13, 99]  # class 99 has one image
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # clustering alone searches nothing, so no lone-query warning
+        assert list(evaluate(x, y, metrics=("NMI",))) == ["NMI"]
+    with pytest.warns(UserWarning, match="1 of 40 queries"):
+        assert list(evaluate(x, y, ks=(3, 1), metrics=("R@K",))) == ["R@1", "R@3"]
+    with pytest.raises(ValueError, match=r"unknown metrics \['recall'\]"):
+        evaluate(x, y, metrics=("recall",))
