@@ -176,6 +176,9 @@ def test_dataset_download(tmp_path, monkeypatch, cls, writer, fmt, name):
     # resume after the truncation, afresh after the checksum failure
     assert [r[1] for r in srv.requests] == [None, f"bytes={len(arc) // 3}-", None]
     assert len(cls(root, "train", download=True)) > 0                           # present: no new request
+    victim = cls(root, "train").paths[0]; victim.unlink()
+    with pytest.raises(DatasetNotFoundError, match="incomplete"): cls(root, "train")
+    assert len(cls(root, "train", download=True)) > 0 and victim.is_file()       # re-extracted from the archive
     assert len(srv.requests) == 3
 
 def test_extract_rejects_corrupt(tmp_path):
