@@ -90,6 +90,7 @@ def test_episode_structure_and_ddp():
 def test_task_structure_and_ddp():
     labels = np.repeat(np.arange(20), [10] * 18 + [1, 3])
     s = TaskSampler(labels, n_classes=8, n_support=4, n_query=2, tasks_per_epoch=30, seed=2)
+    assert (s.n_classes, s.n_support, s.n_query, s.n_labels, len(s)) == (8, 4, 2, 20, 30)
     short = {18: set(np.flatnonzero(labels == 18)), 19: set(np.flatnonzero(labels == 19))}
     for task in s:
         idx = np.array(task).reshape(8, 6); lab = labels[idx]
