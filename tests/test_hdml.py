@@ -1,0 +1,183 @@
+"HDML (Zheng et al., CVPR 2019): augmentation formula, schedules, gradient routing, ablations, a short run, resume."
+import copy, json, math
+import pytest
+import torch
+from dml_book.losses import NPairLoss
+from dml_book.methods.hdml import (HDML, Generator, WindowAverage, grouped_npair_loss, hardness_aware_augment,
+                                   npair_pairs, npair_synthesis, pulling_lambda, random_triplets, synthesis_weight,
+                                   triplet_synthesis)
+from dml_book.train import Trainer, TrainConfig, train
+
+torch.set_num_threads(1)
+
+
+def augment_loop(z, z_neg, d_ref, lam):
+    "Eq. (4)-(7) one pair at a time."
+    out = z_neg.clone()
+    for b in range(len(z)):
+        d = torch.linalg.norm(z_neg[b] - z[b])
+        if d > d_ref[b]: out[b] = z[b] + (lam * d + (1 - lam) * d_ref[b]) * (z_neg[b] - z[b]) / d
+    return out
+
+
+# ---- eq. (4)-(7) ---------------------------------------------------------------------------------------------------
+def test_augment_hand_computed():
+    z = torch.tensor([[0., 0.], [1., 1.], [0., 0.], [2., 0.]])
+    z_neg = torch.tensor([[3., 4.], [1., 3.], [0.5, 0.], [2., -6.]])
+    d_ref = torch.tensor([1., 2., 1., 2.])
+    out = hardness_aware_augment(z, z_neg, d_ref, 0.5)
+    # row 0: d = 5 > 1, new distance 0.5*5 + 0.5*1 = 3 along (0.6, 0.8); row 3: d = 6, new distance 4 along (0, -1)
+    torch.testing.assert_close(out[0], torch.tensor([1.8, 2.4]))
+    torch.testing.assert_close(out[3], torch.tensor([2., -4.]))
+    torch.testing.assert_close(out[1], z_neg[1])          # d = d+ = 2: unchanged
+    torch.testing.assert_close(out[2], z_neg[2])          # d = 0.5 < d+ = 1: unchanged
+    out = hardness_aware_augment(z, z_neg, d_ref, 0.25)
+    torch.testing.assert_close(out[0], torch.tensor([0.6, 0.8]) * (0.25 * 5 + 0.75 * 1))
+
+
+def test_augment_lambda_limits():
+    g = torch.Generator().manual_seed(0)
+    z, z_neg = torch.randn(50, 6, generator=g), torch.randn(50, 6, generator=g)
+    d = torch.linalg.norm(z_neg - z, dim=1)
+    d_ref = d * torch.linspace(0.2, 1.5, 50)             # half the negatives farther than d+, half not
+    torch.testing.assert_close(hardness_aware_augment(z, z_neg, d_ref, 1.0), z_neg)   # lam = 1: identity
+    far = d > d_ref
+    out = hardness_aware_augment(z, z_neg, d_ref, 1e-9)  # lam -> 0: the negative lands at distance d+
+    torch.testing.assert_close(torch.linalg.norm(out - z, dim=1)[far], d_ref[far], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[~far], z_neg[~far])
+    cos = torch.nn.functional.cosine_similarity(out[far] - z[far], z_neg[far] - z[far])   # same direction
+    torch.testing.assert_close(cos, torch.ones_like(cos))
+    for lam in (0.0, 0.37, 0.9):
+        torch.testing.assert_close(hardness_aware_augment(z, z_neg, d_ref, lam), augment_loop(z, z_neg, d_ref, lam))
+
+
+def test_augment_bad_input():
+    z = torch.zeros(3, 2)
+    with pytest.raises(ValueError, match="d_ref must be a"): hardness_aware_augment(z, z, torch.ones(3, 1), 0.5)
+    with pytest.raises(ValueError, match="same shape"): hardness_aware_augment(z, torch.zeros(2, 2), torch.ones(3), 0.5)
+    with pytest.raises(ValueError, match="lam must lie"): hardness_aware_augment(z, z, torch.ones(3), -0.1)
+    with pytest.raises(ValueError, match="non-negative"): hardness_aware_augment(z, z, -torch.ones(3), 0.5)
+
+
+def test_schedules():
+    assert pulling_lambda(float("inf"), 7.) == 1.0 and pulling_lambda(0.5, 0.) == 1.0
+    assert math.isclose(pulling_lambda(2.0, 7.), math.exp(-3.5))
+    assert math.isclose(synthesis_weight(5e3, 1e4), math.exp(-2.0)) and synthesis_weight(float("inf"), 1e4) == 1.0
+    avg = WindowAverage(2)
+    assert [avg.update(x) for x in (1., 3., 10., 20.)] == [math.inf, 2., 2., 15.]
+
+
+def test_synthesis_and_npair_loss():
+    z = torch.tensor([[0., 0.], [0., 1.], [4., 0.], [4., 1.]])
+    labels = torch.tensor([0, 0, 1, 1])
+    z_in, l_in, (a, p, n) = triplet_synthesis(z, labels, (torch.tensor([0]), torch.tensor([1]), torch.tensor([2])), 0.0)
+    torch.testing.assert_close(z_in[n], torch.tensor([[1., 0.]]))     # lam = 0: the negative at d+ = 1
+    assert l_in.tolist() == [0, 0, 1]
+    # grouped N-pair loss equals the library's N-pair loss when every anchor has the same negatives
+    g = torch.Generator().manual_seed(3)
+    emb, lab = torch.randn(16, 4, generator=g), torch.arange(8).repeat(2)
+    pa, pp = npair_pairs(lab)
+    i, j = torch.arange(8).repeat_interleave(8), torch.arange(8).repeat(8)
+    off = i != j
+    for reg in (0., 0.05):
+        torch.testing.assert_close(grouped_npair_loss(emb, pa[i[off]], pp[i[off]], pp[j[off]], reg),
+                                   NPairLoss(l2_reg=reg)(emb, lab))
+    z_in, l_in, (a, p, n) = npair_synthesis(emb, lab, (pa, pp), 0.5)
+    assert len(z_in) == 8 + 64 and len(a) == 8 * 7
+    torch.testing.assert_close(z_in[p], emb[pp][a])                     # the diagonal keeps the positives
+
+
+def test_random_triplets_valid():
+    labels = torch.tensor([0, 0, 1, 1, 1, 2])
+    a, p, n = random_triplets(labels, torch.Generator().manual_seed(0))
+    assert a.tolist() == [0, 1, 2, 3, 4]
+    assert bool((labels[a] == labels[p]).all() and (a != p).all() and (labels[a] != labels[n]).all())
+
+
+# ---- the method inside the trainer ----------------------------------------------------------------------------------
+def _trainer(tmp_path, **kw):
+    base = dict(dataset="glyphs", method="hdml", batch_size=16, m_per_class=4, embedding_dim=16, out=str(tmp_path),
+                method_kwargs=dict(hidden=32, window=1))
+    return Trainer(TrainConfig(**(base | kw)))
+
+
+def _flat(grads, params):
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
+
+
+def test_gradient_routing(tmp_path):
+    tr = _trainer(tmp_path)
+    hd = tr.method
+    own = {id(p) for p in hd.parameters()}
+    assert not own & {id(p) for g in tr.optimizer.param_groups for p in g["params"]}
+    assert {id(p) for g in hd.opt_gen.param_groups for p in g["params"]} == {id(p) for p in hd.generator.parameters()}
+    assert {id(p) for g in hd.opt_softmax.param_groups for p in g["params"]} == {id(p) for p in hd.classifier.parameters()}
+    for opt in (tr.optimizer, hd.opt_gen, hd.opt_softmax):
+        for grp in opt.param_groups: grp["lr"], grp["weight_decay"] = 0.0, 0.0
+    x, y = next(iter(tr.loader))
+    hd.training_step(tr, x, y)                           # window 1: the schedules are active from the next step
+    before = copy.deepcopy(hd.get_extra_state())
+    logs = hd.training_step(tr, x, y)
+    assert 0 < logs["lam"] < 1 and 0 < logs["weight"] < 1
+    hd.set_extra_state(before)
+    o = hd.objectives(tr, x, y)
+    assert math.isclose(o["j_metric"].item(), logs["j_metric"], rel_tol=1e-5)
+    grad = lambda loss, ps: torch.autograd.grad(loss, ps, retain_graph=True, allow_unused=True)
+    m_ps, g_ps, s_ps = list(tr.model.parameters()), list(hd.generator.parameters()), list(hd.classifier.parameters())
+    w = logs["weight"]
+    eq11 = w * _flat(grad(o["j_real"], m_ps), m_ps) + (1 - w) * _flat(grad(o["j_syn"], m_ps), m_ps)
+    torch.testing.assert_close(_flat([p.grad for p in m_ps], m_ps), eq11, atol=1e-5, rtol=1e-3)
+    # the generator's gradient is J_gen's only, although J_metric does depend on the generator
+    torch.testing.assert_close(_flat([p.grad for p in g_ps], g_ps), _flat(grad(o["j_gen"], g_ps), g_ps), atol=1e-5, rtol=1e-4)
+    assert _flat(grad(o["j_metric"], g_ps), g_ps).abs().max() > 1e-6
+    # the softmax layer learns from real features only, although J_soft depends on it
+    torch.testing.assert_close(_flat([p.grad for p in s_ps], s_ps), _flat(grad(o["j_ce"], s_ps), s_ps))
+    assert _flat(grad(o["j_soft"], s_ps), s_ps).abs().max() > 1e-6
+    assert _flat(grad(o["j_ce"], m_ps), m_ps).abs().max() == 0     # and does not train the backbone
+
+
+def test_ablations(tmp_path):
+    for kw, check in [(dict(recon=False), lambda o, m: math.isclose(o["j_gen"].item(), m.gen_lambda * o["j_soft"].item(), rel_tol=1e-6)),
+                      (dict(softmax=False), lambda o, m: math.isclose(o["j_gen"].item(), o["j_recon"].item(), rel_tol=1e-6)),
+                      (dict(pulling_factor=0.0), lambda o, m: o["lam"] == 1.0)]:
+        tr = _trainer(tmp_path / str(len(kw)) / next(iter(kw)), method_kwargs=dict(hidden=32, window=1) | kw)
+        x, y = next(iter(tr.loader))
+        tr.method.training_step(tr, x, y)
+        assert check(tr.method.objectives(tr, x, y), tr.method), kw
+    with pytest.raises(ValueError, match="at least one of recon and softmax"): HDML(recon=False, softmax=False)
+
+
+def test_npair_mode_and_wrong_loss(tmp_path):
+    tr = _trainer(tmp_path / "np", loss="npair", m_per_class=2)
+    assert tr.method.mode == "npair"
+    x, y = next(iter(tr.loader))
+    logs = tr.method.training_step(tr, x, y)
+    assert all(math.isfinite(v) for v in logs.values())
+    with pytest.raises(ValueError, match="use --loss triplet or --loss npair"): _trainer(tmp_path / "c", loss="contrastive")
+
+
+@pytest.mark.slow
+def test_two_epochs_improve_recall_and_log_trajectory(tmp_path):
+    final = train(TrainConfig(dataset="glyphs", method="hdml", epochs=2, batch_size=32, m_per_class=4,
+                              max_steps_per_epoch=20, eval_every=2, out=str(tmp_path), seed=0))
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert final["R@1"] > metrics["untrained"]["R@1"] + 0.05, (metrics["untrained"]["R@1"], final["R@1"])
+    steps = [r for r in map(json.loads, (tmp_path / "log.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    assert len(steps) == 40
+    lam, j_gen, w = ([r[k] for r in steps] for k in ("lam", "j_gen", "weight"))
+    assert lam[0] == 1.0 and w[0] == 1.0                       # no averages yet: no augmentation, real tuples only
+    assert min(lam) < 0.99 and min(w) < 0.99 and all(0 <= v <= 1 for v in lam + w)
+    assert all(math.isfinite(v) for v in j_gen) and min(j_gen[-8:]) < j_gen[0]
+
+
+@pytest.mark.slow
+def test_resume_is_identical(tmp_path):
+    kw = dict(dataset="digits", method="hdml", batch_size=20, m_per_class=4, embedding_dim=16, max_steps_per_epoch=6,
+              eval_every=1, method_kwargs=dict(hidden=32, window=4), seed=1)
+    straight = train(TrainConfig(epochs=2, out=str(tmp_path / "a"), **kw))
+    train(TrainConfig(epochs=1, out=str(tmp_path / "b"), **kw))
+    resumed = train(TrainConfig(epochs=2, out=str(tmp_path / "b"), **kw))
+    assert straight == resumed
+    logs = [[json.loads(l) for l in (tmp_path / d / "log.jsonl").read_text().splitlines()] for d in "ab"]
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
+    assert strip(logs[0]) == strip(logs[1])
