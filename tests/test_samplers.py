@@ -120,6 +120,7 @@ def _ddp_worker(rank, world_size, init, labels, out):
         out.put((rank, [s.rank for s in samplers], [list(s) for s in samplers]))
     finally: dist.destroy_process_group()
 
+@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(), reason="needs fork")
 def test_shares_under_real_process_group(tmp_path):
     "Two processes in a gloo group: ranks come from torch.distributed, shares are those of explicit ranks and disjoint."
     import multiprocessing as mp
