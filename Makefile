@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export MPLBACKEND ?= Agg
 export PYTHONHASHSEED ?= 0
 
-.PHONY: demo test install docs preview clean
+.PHONY: demo test install readme docs preview clean
 
 install: $(STAMP)
 
@@ -22,6 +22,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/nbdev-test --n-workers 2 --timing
 	$(BIN)/python -m pytest -q tests/
+
+readme: $(STAMP)
+	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README
 
 docs: $(STAMP)
 	$(BIN)/nbdev-docs

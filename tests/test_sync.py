@@ -1,0 +1,38 @@
+"The package is the notebooks' export, the notebooks are clean, and README.md is index.ipynb: checked in a copy of the tree."
+import filecmp, shutil, subprocess, sys
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def _tree(tmp_path):
+    for name in ("nbs", "dml_book"): shutil.copytree(ROOT/name, tmp_path/name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    shutil.copy(ROOT/"pyproject.toml", tmp_path)
+    return tmp_path
+
+
+def _differences(a: Path, b: Path, pattern: str):
+    "Files matching `pattern` that differ between folders a and b, or exist in only one of them."
+    fa = {p.relative_to(a) for p in a.rglob(pattern) if "__pycache__" not in p.parts}
+    fb = {p.relative_to(b) for p in b.rglob(pattern) if "__pycache__" not in p.parts}
+    return sorted(str(p) for p in fa ^ fb) + sorted(str(p) for p in fa & fb if not filecmp.cmp(a/p, b/p, shallow=False))
+
+
+def test_package_is_in_sync_with_the_notebooks(tmp_path):
+    tree = _tree(tmp_path)
+    subprocess.run([BIN/"nbdev-export"], cwd=tree, check=True, capture_output=True)
+    assert _differences(ROOT/"dml_book", tree/"dml_book", "*.py") == [], "run nbdev-export and commit the result"
+
+
+def test_notebooks_are_clean(tmp_path):
+    tree = _tree(tmp_path)
+    subprocess.run([BIN/"nbdev-clean"], cwd=tree, check=True, capture_output=True)
+    assert _differences(ROOT/"nbs", tree/"nbs", "*.ipynb") == [], "run nbdev-clean and commit the result"
+
+
+def test_readme_is_the_index_notebook(tmp_path):
+    subprocess.run([BIN/"jupyter", "nbconvert", "--to", "markdown", str(ROOT/"nbs"/"index.ipynb"), "--output-dir", str(tmp_path),
+                    "--output", "README"], check=True, capture_output=True)
+    assert (tmp_path/"README.md").read_text() == (ROOT/"README.md").read_text(), "run `make readme` and commit README.md"

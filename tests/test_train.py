@@ -1,0 +1,42 @@
+"The training run as a user meets it: `dml-book train`, killed mid-epoch and resumed, and its one-line errors."
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+import pytest
+
+ARGS = ["--dataset", "digits", "--embedding-dim", "16", "--batch-size", "40", "--m-per-class", "8", "--epochs", "2",
+        "--max-steps-per-epoch", "12", "--no-umap", "--no-progress"]
+
+
+def _cli(*argv, **kw):
+    return subprocess.Popen([sys.executable, "-m", "dml_book.cli", "train", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _steps_of_epoch(log: Path, epoch: int) -> int:
+    if not log.exists(): return 0
+    return sum(1 for line in log.read_text().splitlines() if line.strip() and (r := json.loads(line))["epoch"] == epoch and r["kind"] == "step")
+
+
+def test_a_run_killed_mid_epoch_resumes_to_the_same_metrics(tmp_path):
+    full = _cli(*ARGS, "--out", str(tmp_path/"full")); full.communicate()
+    assert full.returncode == 0
+    run = _cli(*ARGS, "--out", str(tmp_path/"killed"))
+    deadline = time.time() + 600
+    while _steps_of_epoch(tmp_path/"killed"/"log.jsonl", 2) < 3:   # in the middle of the second epoch
+        assert run.poll() is None and time.time() < deadline, "the run ended before it could be interrupted"
+        time.sleep(0.05)
+    run.send_signal(signal.SIGKILL); run.wait()
+    assert json.loads((tmp_path/"killed"/"log.jsonl").read_text().splitlines()[-1])["epoch"] == 2
+    assert not (tmp_path/"killed"/"metrics.json").exists()
+    resumed = _cli(*ARGS, "--out", str(tmp_path/"killed")); out, err = resumed.communicate()
+    assert resumed.returncode == 0, err
+    a, b = (json.loads((tmp_path/d/"metrics.json").read_text()) for d in ("full", "killed"))
+    assert a["final"] == b["final"] and a["untrained"] == b["untrained"]
+    assert a["epochs"] == b["epochs"] or [dict(r, seconds=0) for r in a["epochs"]] == [dict(r, seconds=0) for r in b["epochs"]]
+    strip = lambda p: [dict(json.loads(l), seconds=0) for l in p.read_text().splitlines()]
+    assert strip(tmp_path/"full"/"log.jsonl") == strip(tmp_path/"killed"/"log.jsonl")   # no step lost or logged twice
+
+
+def test_resuming_with_another_configuration_is_refused(tmp_path):
+    p = _cli(*ARGS, "--epochs", "1", "--out", str(tmp_path)); p.communicate()
+    p = _cli(*ARGS, "--lr-head", "0.5", "--out", str(tmp_path)); out, err = p.communicate()
+    assert p.returncode == 2 and "different configuration (differs in: lr_head)" in err
