@@ -1,0 +1,356 @@
+"Tests of the PADS chapter: sampling distribution, sampler, static baselines, policy, PPO, and short runs."
+import copy, json, math
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.stats import chisquare
+
+from dml_book.distances import euclidean
+from dml_book.methods.pads import (PADS, BinnedDistribution, DistanceWeighted, DistributionSampler, SemiHard, bin_index,
+                                   class_distances, init_probs, sample_triplets, validation_split)
+from dml_book.methods.pads_policy import (PolicyLearner, TrainingState, apply_actions, log_prob, ppo_objective,
+                                          reinforce_objective, reward)
+from dml_book.registry import METHODS
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    "Tiny tensors: extra threads only add synchronisation on a shared CPU."
+    n = torch.get_num_threads(); torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _batch(n_classes=8, per_class=4, dim=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    emb = F.normalize(torch.randn(n_classes * per_class, dim, generator=g), dim=1)
+    return emb, torch.arange(n_classes).repeat_interleave(per_class)
+
+
+# ---------------------------------------------------------------- the distribution and the sampler
+
+def test_bin_index_matches_explicit_edges():
+    edges = torch.linspace(0.1, 1.4, 31, dtype=torch.float64)
+    d = torch.cat([torch.rand(2000, dtype=torch.float64) * 2, edges])
+    k = bin_index(d, edges)
+    for x, kk in zip(d.tolist(), k.tolist()):
+        if x < 0.1 or x > 1.4: assert kk == -1
+        elif x == edges[-1]: assert kk == 29
+        else: assert edges[kk] <= x < edges[kk + 1]
+
+
+def test_negative_frequencies_per_bin_match_p_chi_square():
+    "One candidate per bin: the bins of the drawn negatives follow p exactly (chi-square at a fixed seed)."
+    g = torch.Generator().manual_seed(3)
+    dist = BinnedDistribution(torch.rand(30, generator=g) ** 3 + 0.005)
+    r = torch.cat([dist.centers.float(), torch.tensor([0.02, 0.07, 1.5, 1.9])])  # 4 candidates outside the interval
+    emb = torch.zeros(2 + len(r), 2); emb[2:, 0] = r
+    lab = torch.cat([torch.zeros(2, dtype=torch.long), torch.arange(1, len(r) + 1)])
+    counts = torch.zeros(len(r))
+    for _ in range(1500): counts += torch.bincount(sample_triplets(emb, lab, dist, generator=g)[2] - 2, minlength=len(r))
+    assert counts[30:].sum() == 0
+    expected = dist.probs * counts.sum()
+    assert chisquare(counts[:30], expected).pvalue > 0.01
+    assert chisquare(counts[:30], torch.full((30,), counts.sum() / 30)).pvalue < 1e-6  # the test has power
+
+
+def test_negative_frequencies_match_p_on_a_random_batch():
+    "A random batch: P(bin k) = sum over anchors of p_k n_ak / sum_j p_j n_aj, checked by chi-square."
+    emb, lab = _batch(n_classes=16, per_class=4, dim=3, seed=1)
+    g = torch.Generator().manual_seed(0)
+    dist = BinnedDistribution(torch.rand(30, generator=g) + 0.05)
+    D = euclidean(emb); neg = lab[:, None] != lab[None]
+    k = bin_index(D, dist.edges)
+    w = torch.where((k >= 0) & neg, dist.probs.float()[k.clamp_min(0)], torch.zeros(()))
+    P = w / w.sum(1, keepdim=True)                                   # every anchor has a positive here
+    expected_per_draw = torch.zeros(30).index_add_(0, k[neg & (k >= 0)], P[neg & (k >= 0)])
+    counts, rounds = torch.zeros(30), 400
+    for _ in range(rounds):
+        a, p, n = sample_triplets(emb, lab, dist, generator=g)
+        assert len(a) == len(lab)
+        counts += torch.bincount(k[a, n], minlength=30)
+    keep = expected_per_draw * rounds >= 5
+    f_exp = expected_per_draw[keep] * rounds
+    assert chisquare(counts[keep], f_exp * counts[keep].sum() / f_exp.sum()).pvalue > 0.01
+    assert counts[~keep].sum() <= max(10, 3 * expected_per_draw[~keep].sum() * rounds)
+
+
+@pytest.mark.parametrize("self_regularization", [False, True])
+def test_no_negative_outside_the_interval_is_ever_drawn(self_regularization):
+    g = torch.Generator().manual_seed(0)
+    dist = BinnedDistribution(torch.ones(30), lambda_min=0.6, lambda_max=1.1)
+    for seed in range(50):
+        emb, lab = _batch(n_classes=6, per_class=5, dim=3, seed=seed)
+        a, p, n = sample_triplets(emb, lab, dist, self_regularization=self_regularization, generator=g)
+        d = euclidean(emb)[a, n]
+        assert ((d >= 0.6) & (d <= 1.1)).all()
+        assert (lab[a] == lab[p]).all() and (a != p).all() and (a != n).all()
+        if not self_regularization: assert (lab[a] != lab[n]).all()
+
+
+def test_self_regularization_draws_positives_only_when_enabled():
+    emb, lab = _batch(n_classes=4, per_class=8, dim=3, seed=2)
+    dist, g = BinnedDistribution(torch.ones(30), lambda_min=0.0, lambda_max=2.0), torch.Generator().manual_seed(0)
+    same = lambda on: sum(int((lab[a] == lab[n]).sum()) for a, _, n in
+                          (sample_triplets(emb, lab, dist, self_regularization=on, generator=g) for _ in range(30)))
+    assert same(False) == 0 and same(True) > 0
+
+
+def test_anchors_without_candidates_are_dropped():
+    emb = torch.tensor([[0., 0], [0, 0.01], [0.05, 0], [2.0, 0]])  # negatives at 0.05 and 2.0: outside [0.1, 1.4]
+    a, p, n = sample_triplets(emb, torch.tensor([0, 0, 1, 2]), BinnedDistribution())
+    assert len(a) == len(p) == len(n) == 0
+    a, p, n = sample_triplets(emb, torch.tensor([0, 1, 2, 3]), BinnedDistribution())  # no positives at all
+    assert len(a) == 0
+
+
+def test_distribution_stays_a_distribution_after_any_action_sequence():
+    g = torch.Generator().manual_seed(0)
+    dist = BinnedDistribution(init_probs("uniform_low", BinnedDistribution().centers))
+    for t in range(3000):
+        acts = torch.randint(0, 3, (30,), generator=g) if t % 3 else torch.full((30,), 2).index_fill(0, torch.tensor([t % 30]), 0)
+        dist.probs.copy_(apply_actions(dist.probs, acts))
+        assert torch.isfinite(dist.probs).all() and (dist.probs > 0).all()
+        assert abs(dist.probs.sum().item() - 1) < 1e-9
+    for _ in range(2000): dist.probs.copy_(apply_actions(dist.probs, torch.tensor([0] * 29 + [2])))
+    assert abs(dist.probs[-1].item() - 1) < 1e-9 and (dist.probs > 0).all()  # the floor keeps every bin revivable
+    one_up = apply_actions(dist.probs, torch.tensor([2] + [1] * 29))
+    assert one_up[0] > dist.probs[0]
+
+
+def test_apply_actions_formula():
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    q = apply_actions(p, torch.tensor([0, 1, 2, 2]))
+    ref = torch.tensor([0.08, 0.2, 0.375, 0.5], dtype=torch.float64)
+    torch.testing.assert_close(q, ref / ref.sum())
+
+
+# ---------------------------------------------------------------- the static baselines
+
+def test_distance_weighted_matches_the_library_miner():
+    from dml_book.miners import DistanceWeightedMiner
+    emb, lab = _batch(n_classes=8, per_class=4, dim=16, seed=4)
+    ref = DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4).probabilities(emb, lab)
+    neg = lab[:, None] != lab[None]
+    w = DistanceWeighted(dim=16)(euclidean(emb)) * neg
+    mine = w / w.sum(1, keepdim=True).clamp_min(1e-30)
+    torch.testing.assert_close(mine, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_distance_weighted_formula_eq2():
+    d = torch.tensor([[0.3, 0.7, 1.0, 1.39, 1.41]], dtype=torch.float64)
+    D = 32
+    q_inv = lambda x: 1 / (x ** (D - 2) * (1 - x ** 2 / 4) ** ((D - 3) / 2))
+    ref = np.array([q_inv(0.5), q_inv(0.7), q_inv(1.0), q_inv(1.39), 0.0])
+    np.testing.assert_allclose(DistanceWeighted(D)(d)[0].numpy(), ref / ref.max(), rtol=1e-9)
+
+
+def test_semihard_support_is_the_semihard_band():
+    emb, lab = _batch(n_classes=6, per_class=4, dim=4, seed=5)
+    D, g = euclidean(emb), torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(300):
+        a, p, n = sample_triplets(emb, lab, SemiHard(0.3), generator=g)
+        assert ((D[a, n] > D[a, p]) & (D[a, n] < D[a, p] + 0.3) & (lab[a] != lab[n])).all()
+        seen |= set(zip(a.tolist(), p.tolist(), n.tolist()))
+    brute = {(a, p, n) for a in range(len(lab)) for p in range(len(lab)) for n in range(len(lab))
+             if a != p and lab[a] == lab[p] and lab[a] != lab[n] and D[a, p] < D[a, n] < D[a, p] + 0.3}
+    assert seen <= brute and len(seen) > 0.8 * len(brute)
+
+
+def test_distribution_sampler_is_a_miner():
+    emb, lab = _batch()
+    a, p, n = DistributionSampler(BinnedDistribution(torch.ones(30)), seed=0)(emb, lab)
+    a2, p2, n2 = DistributionSampler(BinnedDistribution(torch.ones(30)), seed=0)(emb, lab)
+    assert torch.equal(n, n2) and len(a) > 0
+
+
+def test_initial_distributions():
+    c = BinnedDistribution().centers
+    low = init_probs("uniform_low", c)
+    assert low[(c >= 0.3) & (c <= 0.7)].sum() > 0.99 and abs(low.sum() - 1) < 1e-12
+    w = init_probs("distance", c, dim=32)
+    ref = DistanceWeighted(32, nonzero_loss_cutoff=math.inf)(c[None])[0]
+    torch.testing.assert_close(w, ref / ref.sum())
+    with pytest.raises(ValueError, match="unknown initial distribution 'gauss'"): init_probs("gauss", c)
+
+
+# ---------------------------------------------------------------- the policy side
+
+def test_ppo_clipped_objective_on_hand_made_numbers():
+    lp_old = torch.log(torch.tensor([0.5, 0.4, 0.2, 0.2]))
+    lp = torch.log(torch.tensor([0.75, 0.2, 0.22, 0.23]))       # ratios 1.5, 0.5, 1.1, 1.15
+    # A = +1: min(1.5, 1.2) + min(0.5, 0.8) + 1.1 + 1.15 ; A = -2: min(-3, -2.4) + min(-1, -1.6) - 2.2 - 2.3
+    assert ppo_objective(lp, lp_old, 1.0).item() == pytest.approx((1.2 + 0.5 + 1.1 + 1.15) / 4, rel=1e-5)
+    assert ppo_objective(lp, lp_old, -2.0).item() == pytest.approx((-3 - 1.6 - 2.2 - 2.3) / 4, rel=1e-5)
+    assert ppo_objective(lp, lp_old, 1.0, clip=0.6).item() == pytest.approx((1.5 + 0.5 + 1.1 + 1.15) / 4, rel=1e-5)
+    x = lp.clone().requires_grad_()
+    ppo_objective(x, lp_old, 1.0).backward()
+    torch.testing.assert_close(x.grad, torch.tensor([0, 0.5, 1.1, 1.15]) / 4)  # clipped terms have no gradient
+
+
+def test_reward_and_reinforce():
+    assert [reward(0.9, 0.8), reward(0.8, 0.9), reward(0.5, 0.5)] == [1.0, -1.0, 0.0]
+    lp = torch.tensor([-1.0, -2.0])
+    assert reinforce_objective(lp, 0.5).item() == pytest.approx(-0.75)
+
+
+def test_training_state_layout():
+    ts = TrainingState(n_metrics=4, windows=(2, 8, 16, 32), history=20)
+    ms = torch.rand(40, 4)
+    for m in ms: ts.push(m)
+    p = torch.full((30,), 1 / 30)
+    s = ts(p, 0.4)
+    assert len(s) == ts.dim(30) == 4 * 20 + 4 * 4 + 30 + 1
+    torch.testing.assert_close(s[:80], ms[-20:].flatten())
+    torch.testing.assert_close(s[80:96], torch.stack([ms[-w:].mean(0) for w in (2, 8, 16, 32)]).flatten())
+    torch.testing.assert_close(s[96:126], p); assert s[-1].item() == pytest.approx(0.4)
+
+
+def test_a2c_advantage_and_critic_target():
+    torch.manual_seed(0)
+    agent = PolicyLearner(5, 3, hidden=(8,), baseline="a2c", gamma=0.9)
+    s0, s1 = torch.randn(5), torch.randn(5)
+    v0, v1 = agent.policy(s0)[1].item(), agent.policy(s1)[1].item()
+    out = agent.update(s0, torch.tensor([0, 1, 2]), 1.0, s1)
+    assert out["advantage"] == pytest.approx(1.0 + 0.9 * v1 - v0, rel=1e-5)
+
+
+def test_ema_baseline():
+    agent = PolicyLearner(5, 3, hidden=(8,), baseline="ema", ema_rate=0.5, algorithm="reinforce")
+    s = torch.randn(5)
+    advs = [agent.update(s, torch.tensor([0, 1, 2]), r, s)["advantage"] for r in (1.0, 1.0, -1.0)]
+    assert advs == pytest.approx([1.0, 0.5, -1.75])
+
+
+def test_ppo_old_policy_refreshed_every_k_updates():
+    agent = PolicyLearner(5, 3, hidden=(8,), old_policy_every=5)
+    s, a = torch.randn(5), torch.tensor([0, 1, 2])
+    old0 = copy.deepcopy(agent.old_policy.state_dict())
+    for i in range(1, 11):
+        agent.update(s, a, 1.0 if i % 2 else -1.0, s)
+        same_as_old0 = all(torch.equal(old0[k], v) for k, v in agent.old_policy.state_dict().items())
+        same_as_now = all(torch.equal(agent.policy.state_dict()[k], v) for k, v in agent.old_policy.state_dict().items())
+        assert same_as_old0 == (i < 5) and same_as_now == (i % 5 == 0)
+
+
+def test_policy_learns_a_toy_reward():
+    "Reward = sign of the change of the mass on bins 5..9: PPO+A2C must concentrate p there."
+    torch.manual_seed(1); g = torch.Generator().manual_seed(1)
+    ts = TrainingState(n_metrics=1, windows=(2, 8), history=4)
+    agent = PolicyLearner(ts.dim(30), 30, hidden=(64,))
+    p = torch.full((30,), 1 / 30, dtype=torch.float64); prev = None
+    for t in range(100):
+        e = p[5:10].sum().item(); ts.push(torch.tensor([e])); s = ts(p, t / 100)
+        if prev is not None: agent.update(prev[1], prev[2], reward(e, prev[0]), s)
+        a = agent.act(s, g); p = apply_actions(p, a); prev = (e, s, a)
+    assert p[5:10].sum() > 0.8
+
+
+def test_learner_resume_is_exact():
+    agent = PolicyLearner(8, 4, hidden=(16,))
+    s0, s1 = torch.randn(8), torch.randn(8)
+    for r in (1., -1., 1., 1.): agent.update(s0, torch.tensor([0, 1, 2, 0]), r, s1)
+    clone = PolicyLearner(8, 4, hidden=(16,))
+    clone.load_state_dict(copy.deepcopy(agent.state_dict()))
+    for m in (agent, clone): m.update(s0, torch.tensor([2, 2, 1, 0]), -1., s1)
+    for (k, v), w in zip(agent.state_dict().items(), clone.state_dict().values()):
+        if torch.is_tensor(v): assert torch.equal(v, w), k
+
+
+# ---------------------------------------------------------------- the method
+
+def test_validation_split_per_class_and_label_disjoint():
+    lab = np.repeat(np.arange(20), 10)
+    tr, va = validation_split(lab, 0.15)
+    assert len(np.intersect1d(tr, va)) == 0 and len(tr) + len(va) == 200
+    assert set(np.bincount(lab[va])) == {2}        # round(1.5) = 2 per class
+    tr, va = validation_split(lab, 0.15, by_class=True)
+    assert len(np.intersect1d(lab[tr], lab[va])) == 0 and len(np.unique(lab[va])) == 3
+    with pytest.raises(ValueError, match="fraction must be in"): validation_split(lab, 0.0)
+
+
+def test_class_distances_brute_force():
+    emb, lab = torch.randn(12, 3), np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 3, 3])
+    intra = np.mean([np.mean([torch.dist(emb[i], emb[j]).item() for i in np.flatnonzero(lab == c)
+                              for j in np.flatnonzero(lab == c) if i != j]) for c in range(4)])
+    cs = [emb[lab == c].mean(0) for c in range(4)]
+    inter = np.mean([torch.dist(cs[i], cs[j]).item() for i in range(4) for j in range(4) if i != j])
+    assert class_distances(emb, lab) == pytest.approx((intra, inter), rel=1e-5)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="unknown initial distribution"): PADS(init="normal")
+    with pytest.raises(ValueError, match="update_every must be at least 1"): PADS(update_every=0)
+    with pytest.raises(ValueError, match="choose from: ppo, reinforce"): PADS(algorithm="dqn")
+    with pytest.raises(ValueError, match="choose from: a2c, ema"): PADS(baseline="none")
+    with pytest.raises(ValueError, match="lambda_min < lambda_max"): PADS(lambda_min=1.5)
+
+
+def test_registered_with_the_paper_presets():
+    assert METHODS.get("pads") is PADS
+    for name, beta in (("cub200", 0.6), ("cars196", 0.6), ("sop", 1.2)):
+        p = PADS.presets[name]
+        assert (p["loss"], p["loss_kwargs"]["beta"], p["lr_backbone"], p["batch_size"]) == ("margin", beta, 1e-5, 112)
+
+
+def _cfg(out, **kw):
+    from dml_book.train import TrainConfig
+    base = dict(dataset="digits", batch_size=20, m_per_class=4, epochs=2, max_steps_per_epoch=9, embedding_dim=16,
+                ks=(1,), seed=0, method="pads", method_kwargs=dict(update_every=3), out=str(out))
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_setup_splits_off_the_validation_images(tmp_path):
+    from dml_book.train import Trainer
+    tr = Trainer(_cfg(tmp_path))
+    m = tr.method
+    assert len(tr.train_ds) + len(m.val_ds) == 901 and abs(len(m.val_ds) - 0.15 * 901) < 5
+    assert len(np.intersect1d(tr.train_ds.indices, m.val_ds.indices)) == 0
+    tr = Trainer(_cfg(tmp_path / "b", batch_size=12, method_kwargs=dict(val_by_class=True, val_fraction=0.4)))
+    assert sorted(set(tr.train_ds.labels)) == [0, 1, 2] and sorted(set(tr.method.val_ds.labels)) == [0, 1]
+    assert tr.method.param_groups(tr) == []
+    assert all(not any(p is q for g in tr.optimizer.param_groups for q in g["params"]) for p in tr.method.parameters())
+
+
+def test_resumed_run_equals_uninterrupted(tmp_path):
+    from dml_book.train import train, Trainer
+    train(_cfg(tmp_path / "full"))
+    tr = Trainer(_cfg(tmp_path / "half"))
+    run_epoch = tr.run_epoch
+    def crash_in_epoch_2():
+        if tr.epoch == 2: raise KeyboardInterrupt("simulated crash")
+        return run_epoch()
+    tr.run_epoch = crash_in_epoch_2
+    with pytest.raises(KeyboardInterrupt): tr.fit()
+    train(_cfg(tmp_path / "half"))                # a new process: resumes from the epoch-1 checkpoint
+    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
+    b = torch.load(tmp_path / "half" / "checkpoint.pt", weights_only=False)
+    for k, v in a["model"].items(): assert torch.equal(v, b["model"][k]), k
+    for k, v in a["method"].items():
+        if torch.is_tensor(v): assert torch.equal(v, b["method"][k]), k
+    ea, eb = a["method"]["_extra_state"], b["method"]["_extra_state"]
+    assert ea["trajectory"] == eb["trajectory"] and ea["iteration"] == eb["iteration"] == 18
+    assert len(ea["trajectory"]) == 1 + 18 // 3
+
+
+@pytest.mark.slow
+def test_short_run_improves_test_recall_and_logs_the_trajectory(tmp_path):
+    "Glyphs, 30 PADS iterations: test Recall@1 (on 20 test classes) beats the untrained network's, same seed."
+    from dml_book.train import LabelledSubset, Trainer, TrainConfig
+    cfg = TrainConfig(dataset="glyphs", batch_size=32, m_per_class=4, epochs=1, max_steps_per_epoch=30, embedding_dim=32,
+                      ks=(1,), seed=0, method="pads", method_kwargs=dict(update_every=10, val_fraction=0.05), out=str(tmp_path))
+    tr = Trainer(cfg)
+    keep = np.flatnonzero(tr.test_ds.labels < 20)
+    tr.test_ds = LabelledSubset(tr.test_ds, keep, relabel=True)
+    tr.fit()
+    log = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
+    epochs = [r for r in log if r["kind"] == "epoch"]
+    assert epochs[0]["step"] == 0 and epochs[-1]["step"] == 30
+    assert epochs[-1]["R@1"] > epochs[0]["R@1"] + 0.05, (epochs[0]["R@1"], epochs[-1]["R@1"])
+    traj = [r["pads_probs"] for r in log if r["kind"] == "step" and "pads_probs" in r]
+    assert len(traj) == 3 and all(abs(sum(p) - 1) < 1e-9 for p in traj)
+    assert sum("reward" in r for r in log) == 2
+    assert all(r["triplets"] > 0 for r in log if r["kind"] == "step")
