@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 from dml_book.distances import all_triplets
-from dml_book.losses import TripletLoss
+from dml_book.losses import ContrastiveLoss, MarginLoss, TripletLoss
 from dml_book.methods.ala import ALA, Assessor, meta_objective, tuple_embeddings
 from dml_book.models import EmbeddingNet
 from dml_book.registry import METHODS
@@ -78,14 +78,18 @@ def _setup(tr, **kw):
     return method
 
 
-@pytest.mark.parametrize("step", ["head", "all"])
-def test_iteration_is_one_plain_step_with_the_updated_assessor(step):
-    tr = _trainer()
+LOSSES = {"triplet": lambda: TripletLoss(margin=0.5), "contrastive": lambda: ContrastiveLoss(), "margin": lambda: MarginLoss()}
+
+
+@pytest.mark.parametrize("step,loss", [("head", "triplet"), ("all", "triplet"), ("head", "contrastive"), ("head", "margin")])
+def test_iteration_is_one_plain_step_with_the_updated_assessor(step, loss):
+    tr = _trainer(loss_fn=LOSSES[loss]())
     method = _setup(tr, step=step)
+    assert method.arity == (2 if loss == "contrastive" else 3)
     x, y = _episode()
     # two warm-up iterations so that the LSTM state, Adam moments and the generator are not at their initial values
     for s in (1, 2): method.training_step(tr, *_episode(seed=s))
-    model0, opt_state0 = copy.deepcopy(tr.model), copy.deepcopy(tr.optimizer.state_dict())
+    model0, opt_state0, loss0 = copy.deepcopy(tr.model), copy.deepcopy(tr.optimizer.state_dict()), copy.deepcopy(tr.loss_fn)
     state0, gen0 = method.state, method.generator.get_state()
     assessor0 = copy.deepcopy(method.assessor)
     param_ids = [id(p) for p in tr.model.parameters()]
@@ -93,12 +97,12 @@ def test_iteration_is_one_plain_step_with_the_updated_assessor(step):
     out = method.training_step(tr, x, y)
 
     # the manual computation: same tuples (replayed generator), the *updated* assessor, one step of a copy of the optimiser
-    replay = ALA(n_train=8, n_val=4, max_tuples=20); replay.arity = 3; replay.generator.set_state(gen0)
+    replay = ALA(n_train=8, n_val=4, max_tuples=20); replay.arity = method.arity; replay.generator.set_state(gen0)
     emb = model0(x[:8])
     t = replay._tuples(tr, emb, y[:8])
     with torch.no_grad(): w, _ = method.assessor(tuple_embeddings(emb, t), state0)
     opt = _optimizer(model0, tr.cfg); opt.load_state_dict(opt_state0)
-    opt.zero_grad(); TripletLoss(margin=0.5)(emb, y[:8], t, weights=w).backward(); opt.step()
+    opt.zero_grad(); loss0(emb, y[:8], t, weights=w).backward(); opt.step()
     for (name, p), p0 in zip(tr.model.named_parameters(), model0.parameters()):
         torch.testing.assert_close(p, p0, rtol=1e-6, atol=1e-7, msg=name)
     assert out["tuples"] == len(w) and out["weight_mean"] == pytest.approx(w.mean().item(), rel=1e-6)
@@ -152,3 +156,29 @@ def test_registered_with_paper_presets():
     p = ALA.presets["paper"]
     assert (p["lr_backbone"], p["lr_head"], p["method_kwargs"]["assessor_lr"]) == (1e-4, 1e-3, 4e-4)
     assert {ALA.presets[f"paper-{l}"]["loss"] for l in ("contrastive", "triplet", "margin")} == {"contrastive", "triplet", "margin"}
+
+
+@pytest.fixture
+def one_thread():
+    "One torch thread: on a CPU shared with other jobs, two threads spin on each other in the LSTM's many small ops."
+    n = torch.get_num_threads(); torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.slow
+def test_two_epochs_on_glyphs_improve_recall(tmp_path, one_thread):
+    import json
+    import numpy as np
+    from dml_book.train import LabelledSubset, Trainer, TrainConfig
+    cfg = TrainConfig(method="ala", dataset="glyphs", epochs=2, max_steps_per_epoch=6, m_per_class=5, lr_backbone=1e-3,
+                      lr_head=1e-3, method_kwargs=dict(n_train=40, n_val=20, max_tuples=128), out=str(tmp_path), seed=0)
+    tr = Trainer(cfg)
+    labels = tr.test_ds.labels                      # a quarter of the test split (8 images of each of its 105 classes)
+    tr.test_ds = LabelledSubset(tr.test_ds, np.concatenate([np.flatnonzero(labels == c)[:8] for c in np.unique(labels)]))
+    tr.fit()
+    summary = json.loads((tmp_path/"metrics.json").read_text())
+    untrained, final = summary["untrained"]["R@1"], summary["final"]["R@1"]   # same seed: epoch 0 is the untrained network
+    assert final > untrained + 0.02, (untrained, final)
+    steps = [json.loads(l) for l in (tmp_path/"log.jsonl").read_text().splitlines() if '"kind": "step"' in l]
+    assert len(steps) == 12 and all(0 < s["weight_mean"] < 1 and s["tuples"] == 128 for s in steps)
