@@ -182,3 +182,10 @@ def test_two_epochs_on_glyphs_improve_recall(tmp_path, one_thread):
     assert final > untrained + 0.02, (untrained, final)
     steps = [json.loads(l) for l in (tmp_path/"log.jsonl").read_text().splitlines() if '"kind": "step"' in l]
     assert len(steps) == 12 and all(0 < s["weight_mean"] < 1 and s["tuples"] == 128 for s in steps)
+
+
+def test_presets_make_train_configs():
+    from dml_book.train import preset_config
+    cfg = preset_config("ala", "paper-margin")
+    assert (cfg.method, cfg.loss, cfg.backbone, cfg.lr_backbone, cfg.lr_head) == ("ala", "margin", "googlenet", 1e-4, 1e-3)
+    assert ALA(**cfg.method_kwargs).assessor_lr == 4e-4
