@@ -295,6 +295,23 @@ def test_registered_with_the_paper_presets():
         assert (p["loss"], p["loss_kwargs"]["beta"], p["lr_backbone"], p["batch_size"]) == ("margin", beta, 1e-5, 112)
 
 
+def test_presets_are_valid_train_configs():
+    from dml_book.train import preset_config
+    cfg = preset_config("pads", "cars196")
+    assert (cfg.method, cfg.dataset, cfg.loss, cfg.batch_size, cfg.lr_backbone, cfg.embedding_dim) == ("pads", "cars196", "margin", 112, 1e-5, 128)
+    assert PADS(**cfg.method_kwargs).update_every == 30
+    assert PADS(**preset_config("pads", "sop").method_kwargs).update_every == 60
+
+
+def test_cli_trains_pads(tmp_path, capsys):
+    from dml_book.cli import main
+    rc = main(["train", "--method", "pads", "--dataset", "digits", "--batch-size", "20", "--epochs", "1", "--max-steps-per-epoch", "6",
+               "--embedding-dim", "16", "--ks", "1", "--method-kwargs", '{"update_every": 3}', "--no-umap", "--no-progress", "--out", str(tmp_path)])
+    assert rc == 0 and "pads / triplet on digits" in capsys.readouterr().out
+    log = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
+    assert sum("pads_probs" in r for r in log if r["kind"] == "step") == 2
+
+
 def _cfg(out, **kw):
     from dml_book.train import TrainConfig
     base = dict(dataset="digits", batch_size=20, m_per_class=4, epochs=2, max_steps_per_epoch=9, embedding_dim=16,
