@@ -145,6 +145,7 @@ def test_ablations(tmp_path):
         tr.method.training_step(tr, x, y)
         assert check(tr.method.objectives(tr, x, y), tr.method), kw
     with pytest.raises(ValueError, match="at least one of recon and softmax"): HDML(recon=False, softmax=False)
+    with pytest.raises(ValueError, match="must be >= 0"): HDML(pulling_factor=-1.)
 
 
 def test_npair_mode_and_wrong_loss(tmp_path):

@@ -182,6 +182,7 @@ class HDML(Method):
                  softmax: bool = True):    # ablation switch: False drops J_soft
         super().__init__()
         if not (recon or softmax): raise ValueError("the generator needs at least one of recon and softmax")
+        if pulling_factor < 0 or beta < 0: raise ValueError(f"pulling_factor and beta must be >= 0, got {pulling_factor} and {beta}")
         self.pulling_factor, self.beta, self.gen_lambda = float(pulling_factor), float(beta), float(gen_lambda)
         self.lr_gen, self.lr_softmax, self.hidden, self.recon, self.softmax = lr_gen, lr_softmax, hidden, recon, softmax
         self.j_avg, self.j_gen_avg = WindowAverage(window), WindowAverage(window)
