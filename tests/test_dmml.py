@@ -1,0 +1,229 @@
+"Tests of the DMML chapter (dml_book.methods.dmml): set distances, the episode loss, episodes, training and re-id."
+import math
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dml_book.methods.dmml import (DMML, MetaCellLoss, dmml_lr_factor, episode_loss, meta_cell_distances,
+                                   split_episode)
+from dml_book.samplers import TaskSampler
+
+
+def brute_force_distances(query, support, support_labels, mode, query_labels=None):
+    "Eqs. (9) and (10) read literally, one query and one class at a time, in float64."
+    q, s = query.double(), support.double()
+    classes = sorted(set(support_labels.tolist()))
+    out = np.zeros((len(q), len(classes)))
+    for i in range(len(q)):
+        for j, c in enumerate(classes):
+            cell = s[support_labels == c]
+            if mode == "center":
+                out[i, j] = float(((q[i] - cell.mean(0)) ** 2).sum())
+            else:
+                d = [float(((q[i] - x) ** 2).sum()) for x in cell]
+                out[i, j] = max(d) if c == int(query_labels[i]) else min(d)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["center", "hard"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_meta_cell_distances_brute_force(mode, seed):
+    g = torch.Generator().manual_seed(seed)
+    n_cls, n_s, dim = 3 + seed, 2 + seed, 5
+    labels = torch.randperm(50, generator=g)[:n_cls]                      # arbitrary, unsorted class ids
+    support_labels = labels.repeat_interleave(n_s)[torch.randperm(n_cls * n_s, generator=g)]
+    support = torch.randn(n_cls * n_s, dim, generator=g) * 2
+    query_labels = labels[torch.randint(0, n_cls, (7,), generator=g)]
+    query = torch.randn(7, dim, generator=g) * 2
+    got = meta_cell_distances(query, support, support_labels, mode, query_labels)
+    want = brute_force_distances(query, support, support_labels, mode, query_labels)
+    assert got.shape == (7, n_cls)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_hard_distance_bounds_center_distance():
+    "Own class: the distance to the centre is at most the mean distance to the supports, hence at most the farthest."
+    g = torch.Generator().manual_seed(5)
+    support, support_labels = torch.randn(12, 4, generator=g), torch.arange(4).repeat_interleave(3)
+    query, query_labels = torch.randn(8, 4, generator=g), torch.arange(4).repeat(2)
+    center = meta_cell_distances(query, support, support_labels, "center")
+    hard = meta_cell_distances(query, support, support_labels, "hard", query_labels)
+    own = F.one_hot(query_labels, 4).bool()
+    assert (hard[own] >= center[own] - 1e-5).all()    # ||x - mean||^2 <= mean of ||x - s||^2 <= max
+
+
+def test_meta_cell_distances_errors():
+    s, sl, q = torch.zeros(4, 2), torch.tensor([0, 0, 1, 1]), torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="needs query_labels"):
+        meta_cell_distances(q, s, sl, "hard")
+    with pytest.raises(ValueError, match="query label 3 has no meta-cell"):
+        meta_cell_distances(q, s, sl, "hard", torch.tensor([3]))
+    with pytest.raises(ValueError, match="unknown set distance 'mean'"):
+        meta_cell_distances(q, s, sl, "mean")
+    with pytest.raises(ValueError, match=r"need query \(Q, D\)"):
+        meta_cell_distances(torch.zeros(1, 3), s, sl)
+
+
+def formula_loss(d, t, tau, variant):
+    "Eq. (7) and the Table 4 variants, written out with math.exp, one query at a time."
+    total = 0.0
+    for i, row in enumerate(d.tolist()):
+        y = int(t[i])
+        pos = -row[y] - (tau if variant == "positive" else 0.0)
+        negs = [-v for c, v in enumerate(row) if c != y]
+        if variant == "negative":
+            negs = [min(n + tau, 0.0) for n in negs]             # the constraint -d_n = min(-d + tau, 0)
+        total += -math.log(math.exp(pos) / (math.exp(pos) + sum(math.exp(n) for n in negs)))
+    return total / len(d)
+
+
+@pytest.mark.parametrize("variant", ["none", "positive", "negative"])
+@pytest.mark.parametrize("tau", [0.0, 0.4, 1.3])
+def test_episode_loss_formula(variant, tau):
+    g = torch.Generator().manual_seed(3)
+    d = torch.rand(6, 5, generator=g) * 3                       # some negatives below tau, some above
+    t = torch.randint(0, 5, (6,), generator=g)
+    assert episode_loss(d, t, tau, variant).item() == pytest.approx(formula_loss(d, t, tau, variant), rel=1e-5)
+
+
+def test_margin_constraint():
+    d, t = torch.tensor([[1.0, 0.1, 0.3, 2.0]]), torch.tensor([0])
+    # negatives 0.1 and 0.3 are within tau = 0.4: their logits clip to 0; 2.0 gives -1.6
+    want = -math.log(math.exp(-1.0) / (math.exp(-1.0) + 2 * math.exp(0.0) + math.exp(-1.6)))
+    assert episode_loss(d, t, 0.4).item() == pytest.approx(want, rel=1e-6)
+    dd = d.clone().requires_grad_()
+    episode_loss(dd, t, 0.4).backward()
+    assert dd.grad[0, 1] == 0 and dd.grad[0, 2] == 0               # clipped negatives carry no gradient
+    assert dd.grad[0, 0] > 0 and dd.grad[0, 3] < 0                 # pull the positive in, push the negative out
+    # the margin makes the loss larger than the plain softmax unless every negative is clipped
+    assert episode_loss(d, t, 0.4).item() > episode_loss(d, t, 0.4, "none").item()
+    with pytest.raises(ValueError, match="margin must be >= 0"):
+        episode_loss(d, t, -1.0)
+
+
+def test_meta_cell_loss_module_matches_pieces():
+    g = torch.Generator().manual_seed(4)
+    lab = torch.tensor([2, 7, 2, 7, 2, 7, 5, 5, 5])           # 3 classes x (2 support + 1 query), interleaved
+    emb = torch.randn(9, 6, generator=g)
+    ep = split_episode(emb, lab, 2)
+    for mode in ("center", "hard"):
+        d = brute_force_distances(ep.query, ep.support, ep.support_labels, mode, ep.query_labels)
+        t = torch.tensor([[2, 5, 7].index(int(c)) for c in ep.query_labels])
+        want = formula_loss(torch.tensor(d), t, 0.4, "negative")
+        assert MetaCellLoss(2, mode)(emb, lab).item() == pytest.approx(want, rel=1e-5)
+
+
+def test_episodes_have_the_promised_shape():
+    from dml_book.data import Glyphs
+    labels = Glyphs(split="train").labels
+    m, n_s, n_q, dim = 32, 5, 1, 8
+    sampler = TaskSampler(labels, n_classes=m, n_support=n_s, n_query=n_q, seed=0)
+    for task in list(sampler)[:3]:
+        assert len(task) == m * (n_s + n_q)
+        lab = torch.as_tensor(labels[task])
+        blocks = lab.view(m, n_s + n_q)
+        assert (blocks == blocks[:, :1]).all() and len(set(blocks[:, 0].tolist())) == m   # class by class
+        emb = torch.arange(len(task), dtype=torch.float)[:, None].expand(-1, dim)
+        ep = split_episode(emb, lab, n_s)
+        assert ep.support.shape == (m * n_s, dim) and ep.query.shape == (m * n_q, dim)
+        assert ep.support_labels.unique(return_counts=True)[1].eq(n_s).all()
+        # the support of each class is its first n_s positions, the query the last n_q
+        pos = ep.query[:, 0].long()
+        assert ((pos % (n_s + n_q)) >= n_s).all()
+        d = meta_cell_distances(ep.query, ep.support, ep.support_labels, "hard", ep.query_labels)
+        assert d.shape == (m * n_q, m)
+
+
+def test_split_episode_needs_queries():
+    with pytest.raises(ValueError, match="class 1 has 2 images in the episode; needs more than n_support=2"):
+        split_episode(torch.zeros(5, 2), torch.tensor([0, 0, 0, 1, 1]), 2)
+
+
+def test_lr_schedule():
+    f = [dmml_lr_factor(e, 1200) for e in range(1200)]
+    assert f[:600] == [1.0] * 600
+    assert f[-1] == pytest.approx(0.005)
+    ratios = np.array(f[600:]) / np.array(f[599:-1])
+    np.testing.assert_allclose(ratios, 0.005 ** (1 / 600), rtol=1e-9)   # exponential decay over the second half
+
+
+def test_method_step_equals_manual_step():
+    "One DMML.training_step == one Adam step on MetaCellLoss of the scaled, unnormalised embedding."
+    from types import SimpleNamespace
+    from dml_book.models import build_model
+
+    def stand_in():
+        torch.manual_seed(0)
+        model = build_model("smallcnn", embedding_dim=8)
+        return SimpleNamespace(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3), epoch=1,
+                               cfg=SimpleNamespace(epochs=2, seed=0))
+    method, tr, ref = DMML(n_classes=2, n_support=2, n_query=1, scale=3.0), stand_in(), stand_in()
+    method.setup(tr)
+    x, y = torch.randn(6, 1, 16, 16), torch.tensor([4, 4, 4, 1, 1, 1])
+    logs = method.training_step(tr, x, y)
+    ref.model.head.normalize = False
+    loss = MetaCellLoss(2, "hard", 0.4)(3.0 * ref.model(x), y)
+    loss.backward(); ref.optimizer.step()
+    assert logs["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    torch.testing.assert_close(tr.model.head.fc.weight, ref.model.head.fc.weight)
+    tr.epoch = 2                                                   # the last epoch of 2: 0.005x
+    method.training_step(tr, x, y)
+    assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.005)
+    assert tr.optimizer.param_groups[0]["initial_lr"] == 1e-3
+
+
+def test_presets_are_train_configs():
+    from dml_book.train import preset_config
+    for name, dataset in (("market1501", "market1501"), ("dukemtmc", "dukemtmc"), ("veri776", "veri776")):
+        cfg = preset_config("dmml", name)
+        assert cfg.dataset == dataset and cfg.backbone == "resnet50" and cfg.lr_backbone == 2e-4
+        assert cfg.weight_decay == 1e-4 and cfg.epochs == 1200
+        m = cfg.method_kwargs
+        assert (m["n_classes"], m["n_support"], m["n_query"], m["margin"], m["distance"]) == (32, 5, 1, 0.4, "hard")
+        DMML(**m)                                                  # the kwargs construct the method
+
+
+@pytest.mark.slow
+def test_short_run_improves_recall(tmp_path):
+    "20 episodes of 8 x (3 + 1) Glyphs images beat the untrained network (same seed, epoch-0 evaluation)."
+    import json
+    from dml_book.train import TrainConfig, train
+    cfg = TrainConfig(dataset="glyphs", method="dmml", epochs=1, max_steps_per_epoch=20, seed=0, out=str(tmp_path),
+                      method_kwargs=dict(n_classes=8, n_support=3, n_query=1))
+    final = train(cfg)
+    summary = json.loads((tmp_path/"metrics.json").read_text())
+    steps = [json.loads(line) for line in (tmp_path/"log.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["kind"] == "step"]
+    assert len(steps) == 20 and {"loss", "d_pos", "d_neg", "episode_acc"} <= set(steps[0])
+    assert final["R@1"] > summary["untrained"]["R@1"] + 0.05, (summary["untrained"]["R@1"], final["R@1"])
+
+
+@pytest.mark.slow
+def test_reid_end_to_end_on_market_replica(tmp_path):
+    "DMML on a generated Market-1501 archive; the trainer reports reid_evaluate of flip-averaged normalised features."
+    from dml_book.data.replicas import write_market
+    from dml_book.data.transforms import reid_transform
+    from dml_book.metrics import flip_averaged_features, reid_evaluate
+    from dml_book.train import TrainConfig, Trainer
+    write_market(tmp_path/"data", train_ids=range(2, 10), test_ids=(11, 12, 13, 14), n_cams=3, per_cam=2)
+    cfg = TrainConfig(dataset="market1501", data_root=str(tmp_path/"data"), method="dmml", epochs=1, seed=0,
+                      embedding_dim=16, out=str(tmp_path/"run"),
+                      method_kwargs=dict(n_classes=4, n_support=4, n_query=2, flip_test=True))
+    tr = Trainer(cfg)
+    for ds in (tr.train_ds, tr.query_ds, tr.gallery_ds):
+        ds.transform = reid_transform(ds is tr.train_ds, size=(32, 16))
+    assert len(tr.sampler) == len(tr.train_ds) // (4 * 6)
+    batch = next(iter(tr.sampler))
+    assert len(batch) == 4 * (4 + 2) and len(set(tr.train_ds.labels[batch].tolist())) == 4
+    metrics = tr.fit()
+    assert sorted(metrics) == ["CMC@1", "CMC@10", "CMC@5", "mAP"]
+    feats = {}
+    for name, ds in (("query", tr.query_ds), ("gallery", tr.gallery_ds)):
+        x = torch.stack([ds[i][0] for i in range(len(ds))])
+        feats[name] = F.normalize(flip_averaged_features(tr.model, x), dim=-1)
+    want = reid_evaluate(feats["query"], tr.query_ds.pids, tr.query_ds.camids,
+                         feats["gallery"], tr.gallery_ds.pids, tr.gallery_ds.camids)
+    for k, v in want.items():
+        assert metrics[k] == pytest.approx(v, abs=1e-6)
+    assert 0 < metrics["mAP"] <= 1 and metrics["CMC@1"] <= metrics["CMC@5"] <= metrics["CMC@10"]
