@@ -85,7 +85,7 @@ def test_rein_loss_matches_formula():
 def _fake_trainer(seed=0, emb=12, **kw):
     torch.manual_seed(seed)
     tr = SimpleNamespace(cfg=SimpleNamespace(embedding_dim=emb, lr_head=1e-3), model=build_model("smallcnn", emb),
-                         device="cpu", loss_fn=TripletLoss(), miner=None)
+                         device="cpu", loss_fn=TripletLoss(), miner=None, gather=lambda e, l: (e, l))
     method = DCML(n_learners=3, n_compositors=4, **kw)
     method.setup(tr)
     x, labels = torch.randn(12, 1, 8, 8), torch.arange(6).repeat_interleave(2)
