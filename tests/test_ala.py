@@ -189,3 +189,21 @@ def test_presets_make_train_configs():
     cfg = preset_config("ala", "paper-margin")
     assert (cfg.method, cfg.loss, cfg.backbone, cfg.lr_backbone, cfg.lr_head) == ("ala", "margin", "googlenet", 1e-4, 1e-3)
     assert ALA(**cfg.method_kwargs).assessor_lr == 4e-4
+
+
+def test_trainer_resume_equals_uninterrupted(tmp_path, one_thread):
+    "Through the real Trainer and checkpoint.pt: 2 epochs straight == 1 epoch, a new process, then epoch 2."
+    from dml_book.train import Trainer, TrainConfig
+    kw = dict(method="ala", dataset="digits", max_steps_per_epoch=3, m_per_class=10, seed=0,
+              method_kwargs=dict(n_train=30, n_val=20, max_tuples=64))
+    Trainer(TrainConfig(epochs=2, out=str(tmp_path/"straight"), **kw)).fit()
+    Trainer(TrainConfig(epochs=1, out=str(tmp_path/"resumed"), **kw)).fit()
+    Trainer(TrainConfig(epochs=2, out=str(tmp_path/"resumed"), **kw)).fit()
+    a, b = (torch.load(tmp_path/d/"checkpoint.pt", weights_only=False) for d in ("straight", "resumed"))
+    for part in ("model", "method"):
+        for k in a[part]:
+            if k.endswith("_extra_state"): continue
+            torch.testing.assert_close(a[part][k], b[part][k], rtol=0, atol=0, msg=f"{part}.{k}")
+    ea, eb = a["method"]["_extra_state"], b["method"]["_extra_state"]
+    torch.testing.assert_close(ea["state"], eb["state"], rtol=0, atol=0)
+    assert torch.equal(ea["generator"], eb["generator"])
