@@ -182,3 +182,18 @@ def test_resume_is_identical(tmp_path):
     logs = [[json.loads(l) for l in (tmp_path / d / "log.jsonl").read_text().splitlines()] for d in "ab"]
     strip = lambda rs: [{k: v for k, v in r.items() if k != "seconds"} for r in rs]
     assert strip(logs[0]) == strip(logs[1])
+
+
+def test_paper_presets_take_a_step(tmp_path):
+    "The paper presets (loss reductions, unnormalised head, ablations) run, here on a small CNN and the built-in digits."
+    from dml_book.train import preset_config
+    for name in ("paper_triplet", "paper_npair", "paper_npair_no_softmax", "paper_triplet_no_recon", "paper_triplet_alpha0"):
+        m = HDML.presets[name]["m_per_class"]
+        cfg = preset_config("hdml", name, dataset="digits", backbone="smallcnn", pretrained=False, batch_size=5 * m,
+                            out=str(tmp_path / name))
+        tr = Trainer(cfg)
+        assert tr.method.beta == 1e4 and tr.method.pulling_factor == {"triplet": 0. if "alpha0" in name else 7., "npair": 90.}[cfg.loss]
+        x, y = next(iter(tr.loader))
+        logs = tr.method.training_step(tr, x, y)
+        assert all(math.isfinite(v) for v in logs.values()), name
+        if tr.method.softmax: assert logs["j_gen"] > 1e3     # the official J_gen scale that beta = 1e4 is meant for
