@@ -332,6 +332,21 @@ def test_setup_splits_off_the_validation_images(tmp_path):
     assert all(not any(p is q for g in tr.optimizer.param_groups for q in g["params"]) for p in tr.method.parameters())
 
 
+def test_static_mode_keeps_the_initial_distribution(tmp_path):
+    "adapt=False: the fixed-distribution baselines (here Wu et al.'s weights on the bins), no validation split."
+    from dml_book.train import Trainer
+    tr = Trainer(_cfg(tmp_path, method_kwargs=dict(adapt=False, init="distance", update_every=1)))
+    m = tr.method
+    assert len(tr.train_ds) == 901 and not hasattr(m, "val_ds")
+    p0 = m.distribution.probs.clone()
+    torch.testing.assert_close(p0, init_probs("distance", m.distribution.centers, dim=16))
+    for i, (x, y) in enumerate(tr.loader):
+        logs = m.training_step(tr, x, y)
+        assert "pads_probs" not in logs and logs["triplets"] > 0
+        if i == 3: break
+    assert torch.equal(m.distribution.probs, p0)
+
+
 def test_resumed_run_equals_uninterrupted(tmp_path):
     from dml_book.train import train, Trainer
     train(_cfg(tmp_path / "full"))
