@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from ..distances import check_batch, check_tuple
 
 # %% auto #0
-__all__ = ['LossOutput', 'Reduction', 'as_reduction', 'reduce_losses', 'BaseLoss']
+__all__ = ['LossOutput', 'Reduction', 'as_reduction', 'reduce_losses', 'masked_reduce', 'BaseLoss']
 
 # %% ../../nbs/04_losses.base.ipynb #61a5bf43
 class LossOutput(NamedTuple):
@@ -56,6 +56,16 @@ def reduce_losses(out: LossOutput, # per-tuple losses
     for l, w, c in zip(out.losses.split(sizes), split(weights), split(out.nonzero)):
         total = total + _reduce_block(l, w, c, r)
     return total
+
+# %% ../../nbs/04_losses.base.ipynb #5ba7b48b
+def masked_reduce(l: Tensor, # losses, 0 where `mask` is False
+                  mask: Tensor, # which entries are tuples
+                  reduction: Reduction, # "mean", "mean_nonzero" or "sum"
+                 ) -> Tensor:
+    "The reduction of the tuples `l[mask]`, without indexing."
+    if reduction is Reduction.SUM: return l.sum()
+    n = mask.sum() if reduction is Reduction.MEAN else (l > 0).sum()
+    return l.sum() / n.clamp_min(1)
 
 # %% ../../nbs/04_losses.base.ipynb #8897b60d
 class BaseLoss(nn.Module):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from ..registry import LOSSES
 from ..distances import euclidean, squared_euclidean, pair_masks, to_pairs, to_triplets, all_triplet_distances
-from .base import BaseLoss, LossOutput, Reduction
+from .base import BaseLoss, LossOutput, Reduction, masked_reduce
 
 # %% auto #0
 __all__ = ['triplet_distances', 'TripletLoss', 'ContrastiveLoss', 'MarginLoss']
@@ -38,6 +38,19 @@ class TripletLoss(BaseLoss):
         dap, dan, (a, p, n) = triplet_distances(d, labels, indices_tuple)
         return LossOutput(F.relu(dap - dan + self.margin), (a, p, n))
 
+# %% ../../nbs/04a_losses.triplet.ipynb #19ec064a
+def _all_pos_rows(d: Tensor, labels: Tensor):
+    "Positive pairs `(a, p)`, their distances, the distance rows of their anchors and the negatives mask of those rows."
+    pos, neg = pair_masks(labels)
+    a, p = torch.where(pos)
+    return a, d[a, p], d[a], neg[a]
+
+def _triplet_all(self: TripletLoss, embeddings, labels):
+    d = (squared_euclidean if self.squared else euclidean)(embeddings)
+    _, dap, rows, negs = _all_pos_rows(d, labels)
+    return masked_reduce(F.relu(dap[:, None] - rows + self.margin) * negs, negs, self.reduction)
+TripletLoss.reduced_all = _triplet_all
+
 # %% ../../nbs/04a_losses.triplet.ipynb #1caa2195
 @LOSSES.register("contrastive")
 class ContrastiveLoss(BaseLoss):
@@ -59,13 +72,9 @@ class ContrastiveLoss(BaseLoss):
 def _contrastive_all(self: ContrastiveLoss, embeddings, labels):
     d = euclidean(embeddings)
     pos, neg = pair_masks(labels)
-    total = d.sum() * 0
-    for l, m in ((F.relu(d - self.pos_margin) * pos, pos), (F.relu(self.neg_margin - d) * neg, neg)):
-        if self.squared: l = l.pow(2) / 2
-        if self.reduction is Reduction.SUM: total = total + l.sum(); continue
-        n = m.sum() if self.reduction is Reduction.MEAN else (l > 0).sum()
-        total = total + l.sum() / n.clamp_min(1)
-    return total
+    lp, ln = F.relu(d - self.pos_margin) * pos, F.relu(self.neg_margin - d) * neg
+    if self.squared: lp, ln = lp.pow(2) / 2, ln.pow(2) / 2
+    return masked_reduce(lp, pos, self.reduction) + masked_reduce(ln, neg, self.reduction)
 ContrastiveLoss.reduced_all = _contrastive_all
 
 # %% ../../nbs/04a_losses.triplet.ipynb #568688aa
@@ -88,10 +97,30 @@ class MarginLoss(BaseLoss):
 def _margin_compute(self: MarginLoss, embeddings, labels, indices_tuple):
     d = euclidean(embeddings)
     dap, dan, (a, p, n) = triplet_distances(d, labels, indices_tuple)
-    if len(self.beta) > 1 and len(labels) and (labels.min() < 0 or labels.max() >= len(self.beta)):
-        raise ValueError(f"labels must be in [0, {len(self.beta)}) for a per-class beta")
-    beta = (self.beta if len(self.beta) == 1 else self.beta[labels[a]]).to(d.dtype)
+    beta = self.beta_of(labels, a).to(d.dtype)
     pos, neg = F.relu(dap - beta + self.margin), F.relu(beta - dan + self.margin)
     l = pos + neg + (self.nu * beta if self.learn_beta and self.nu else 0)
     return LossOutput(l, (a, p, n), nonzero=(pos > 0).long() + (neg > 0).long())
 MarginLoss.compute = _margin_compute
+
+def _beta_of(self: MarginLoss, labels: Tensor, a: Tensor) -> Tensor:
+    "The beta of each anchor in `a`."
+    if len(self.beta) == 1: return self.beta
+    if len(labels) and (labels.min() < 0 or labels.max() >= len(self.beta)):
+        raise ValueError(f"labels must be in [0, {len(self.beta)}) for a per-class beta")
+    return self.beta[labels[a]]
+MarginLoss.beta_of = _beta_of
+
+# %% ../../nbs/04a_losses.triplet.ipynb #6cb9586e
+def _margin_all(self: MarginLoss, embeddings, labels):
+    d = euclidean(embeddings)
+    a, dap, rows, negs = _all_pos_rows(d, labels)
+    beta = self.beta_of(labels, a).to(d.dtype).expand(len(a))
+    k = negs.sum(1).to(d.dtype)  # triplets per positive pair
+    pos, neg = F.relu(dap - beta + self.margin), F.relu(beta[:, None] - rows + self.margin) * negs
+    reg = self.nu * beta if self.learn_beta and self.nu else torch.zeros_like(beta)
+    num = (k * (pos + reg)).sum() + neg.sum()
+    if self.reduction is Reduction.SUM: return num
+    den = k.sum() if self.reduction is Reduction.MEAN else (k * (pos > 0)).sum() + (neg > 0).sum()
+    return num / den.clamp_min(1)
+MarginLoss.reduced_all = _margin_all
