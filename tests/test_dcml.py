@@ -230,3 +230,14 @@ def test_compositor_learning_rate_group():
     tr, method, _, _ = _fake_trainer(lr_compositor=0.02)
     (group,) = method.param_groups(tr)
     assert group["lr"] == 0.02 and len(group["params"]) == 4
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_subtask_loss_is_the_sum_over_composites(normalize):
+    tr, method, x, labels = _fake_trainer(normalize_composites=normalize)
+    g = tr.model.head.sub_embeddings(tr.model.backbone(x))
+    out = method.losses(tr, g, labels)
+    z, _ = method.composites(g)
+    if normalize: z = F.normalize(z, dim=-1)
+    torch.testing.assert_close(out["sub"], sum(tr.loss_fn(z[:, m], labels) for m in range(4)))   # eq. 8
+    torch.testing.assert_close(out["dis"], tr.loss_fn(g.flatten(1) / math.sqrt(3), labels))
