@@ -36,8 +36,8 @@ class ProxyLoss(BaseLoss):
             raise ValueError(f"labels must be in [0, {self.num_classes}) for {self.num_classes} proxies")
         if embeddings.shape[1] != self.proxies.shape[1]:
             raise ValueError(f"embeddings have dimension {embeddings.shape[1]}, the proxies {self.proxies.shape[1]}")
-        idx = torch.arange(len(labels), device=labels.device)
-        if indices_tuple is not None: idx = torch.unique(torch.cat(list(indices_tuple)))
+        if indices_tuple is None: return embeddings, labels, torch.arange(len(labels), device=labels.device)
+        idx = torch.unique(torch.cat(list(indices_tuple)))
         return embeddings[idx], labels[idx], idx
 
 # %% ../../nbs/04c_losses.proxy.ipynb #66a79719
