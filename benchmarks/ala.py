@@ -8,30 +8,20 @@ shared machine hits both alike.
 
     .venv/bin/python benchmarks/ala.py [--iters 15] [--threads 1]
 """
-import argparse, copy, statistics, time
-from types import SimpleNamespace
+import argparse, statistics, tempfile, time
 
 import torch
 
 from dml_book.data import Glyphs
-from dml_book.losses import TripletLoss
-from dml_book.methods.ala import ALA
-from dml_book.methods.base import Baseline
-from dml_book.models import build_model
 from dml_book.samplers import EpisodeSampler
+from dml_book.train import Trainer, TrainConfig
 
 
-def trainer(backbone: str, seed: int = 0):
-    torch.manual_seed(seed)
-    model = build_model(backbone, embedding_dim=64)
-    cfg = SimpleNamespace(lr_backbone=1e-4, lr_head=1e-3, m_per_class=5, seed=seed)
-    return SimpleNamespace(cfg=cfg, device=torch.device("cpu"), model=model, loss_fn=TripletLoss(), miner=None,
-                           optimizer=None, train_ds=None)
-
-
-def optimizer(tr):
-    return torch.optim.Adam([{"params": tr.model.backbone.parameters(), "lr": tr.cfg.lr_backbone},
-                             {"params": tr.model.head.parameters(), "lr": tr.cfg.lr_head}])
+def trainer(backbone: str, method: str, method_kwargs: dict | None = None):
+    "A real `Trainer` (its model, loss, optimiser with the paper's learning rates); we drive its method by hand."
+    return Trainer(TrainConfig(dataset="glyphs", backbone=backbone, embedding_dim=64, loss="triplet", method=method,
+                               method_kwargs=method_kwargs or {}, m_per_class=5, batch_size=120, lr_backbone=1e-4,
+                               lr_head=1e-3, seed=0, device="cpu", out=tempfile.mkdtemp()))
 
 
 def timed(f):
@@ -41,9 +31,8 @@ def timed(f):
 def bench(backbone: str, step: str, iters: int, ds) -> dict:
     episodes = iter(EpisodeSampler(ds.labels, 100, 20, 5, episodes_per_epoch=iters + 2))
     batches = [[torch.stack([ds[i][0] for i in ep]), torch.as_tensor(ds.labels[ep])] for ep in episodes]
-    ala_tr, base_tr = trainer(backbone), trainer(backbone)
-    ala = ALA(step=step); ala.setup(ala_tr); ala_tr.optimizer = optimizer(ala_tr)
-    base = Baseline(); base_tr.optimizer = optimizer(base_tr)
+    ala_tr, base_tr = trainer(backbone, "ala", dict(step=step)), trainer(backbone, "baseline")
+    ala, base = ala_tr.method, base_tr.method
     t_ala, t_120, t_100 = [], [], []
     for i, (x, y) in enumerate(batches):
         a = timed(lambda: ala.training_step(ala_tr, x, y))
