@@ -200,14 +200,16 @@ def test_short_run_improves_recall(tmp_path):
 
 
 @pytest.mark.slow
-def test_reid_end_to_end_on_market_replica(tmp_path):
-    "DMML on a generated Market-1501 archive; the trainer reports reid_evaluate of flip-averaged normalised features."
-    from dml_book.data.replicas import write_market
+@pytest.mark.parametrize("dataset,writer", [("market1501", "write_market"), ("dukemtmc", "write_duke"),
+                                            ("veri776", "write_veri")])
+def test_reid_end_to_end_on_replicas(tmp_path, dataset, writer):
+    "DMML on a generated re-id archive; the trainer reports reid_evaluate of flip-averaged normalised features."
+    from dml_book.data import replicas
     from dml_book.data.transforms import reid_transform
     from dml_book.metrics import flip_averaged_features, reid_evaluate
     from dml_book.train import TrainConfig, Trainer
-    write_market(tmp_path/"data", train_ids=range(2, 10), test_ids=(11, 12, 13, 14), n_cams=3, per_cam=2)
-    cfg = TrainConfig(dataset="market1501", data_root=str(tmp_path/"data"), method="dmml", epochs=1, seed=0,
+    getattr(replicas, writer)(tmp_path/"data", train_ids=range(2, 10), test_ids=(11, 12, 13, 14), n_cams=3, per_cam=2)
+    cfg = TrainConfig(dataset=dataset, data_root=str(tmp_path/"data"), method="dmml", epochs=1, seed=0,
                       embedding_dim=16, out=str(tmp_path/"run"),
                       method_kwargs=dict(n_classes=4, n_support=4, n_query=2, flip_test=True))
     tr = Trainer(cfg)
@@ -227,3 +229,19 @@ def test_reid_end_to_end_on_market_replica(tmp_path):
     for k, v in want.items():
         assert metrics[k] == pytest.approx(v, abs=1e-6)
     assert 0 < metrics["mAP"] <= 1 and metrics["CMC@1"] <= metrics["CMC@5"] <= metrics["CMC@10"]
+
+
+@pytest.mark.slow
+def test_resume_equals_uninterrupted_run(tmp_path):
+    "Two epochs in one go == one epoch, then resume to two (the schedule's base rate rides in the optimiser)."
+    from dml_book.train import TrainConfig, Trainer, train
+    kw = dict(dataset="digits", method="dmml", seed=0, max_steps_per_epoch=3,
+              method_kwargs=dict(n_classes=5, n_support=3, n_query=1, lr_decay=True))
+    train(TrainConfig(epochs=2, out=str(tmp_path/"straight"), **kw))
+    train(TrainConfig(epochs=1, out=str(tmp_path/"resumed"), **kw))
+    resumed = Trainer(TrainConfig(epochs=2, out=str(tmp_path/"resumed"), **kw))
+    resumed.fit()
+    a = torch.load(tmp_path/"straight"/"checkpoint.pt", weights_only=False)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.005)
+    for k, v in a["model"].items():
+        torch.testing.assert_close(resumed.model.state_dict()[k], v, rtol=0, atol=0)
