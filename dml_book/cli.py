@@ -1,4 +1,4 @@
-"""`dml-book train ...`: every field of `TrainConfig` as a flag, presets of the methods, one-line errors.
+"""`dml-book train ...`: every field of `TrainConfig` as a flag, presets of the methods, one-line errors; `dml-book experiment NAME -p key value` runs an experiment notebook.
 
 Docs: https://dml-book.github.io/dml_book/cli.html.md"""
 
@@ -12,9 +12,10 @@ from fastcore.imports import in_notebook
 from .registry import UnknownNameError
 from .models import PretrainedWeightsUnavailable
 from .train import TrainConfig, ConfigError, Trainer, preset_config
+from .results import ExperimentError, run_experiment
 
 # %% auto #0
-__all__ = ['USER_ERRORS', 'parser', 'results_table', 'train_command', 'main']
+__all__ = ['USER_ERRORS', 'parser', 'results_table', 'train_command', 'experiment_command', 'main']
 
 # %% ../nbs/10_cli.ipynb #6017b7f6
 def _parse_type(annotation: str):
@@ -41,6 +42,14 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train and evaluate one configuration (resumes from OUT/checkpoint.pt)")
     t.add_argument("--preset", default=None, help="a named preset of the method (e.g. the paper's settings)")
     _add_config_flags(t)
+    e = sub.add_parser("experiment", help="run an experiment notebook with papermill; the executed notebook is saved beside its results")
+    e.add_argument("name", help="an experiment of nbs/experiments (train_eval, hdml, ...) or a path to a notebook")
+    e.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                   help="override a parameter of the notebook (repeatable), e.g. -p epochs 3 -p seeds '[0, 1, 2]'")
+    e.add_argument("-f", "--parameters-file", default=None, help="a YAML file of parameters, e.g. params/hdml_cub200.yaml")
+    e.add_argument("--out-dir", default=None, help="where the runs and the executed notebook go (default: the notebook's out_dir)")
+    e.add_argument("--kernel", default="python3", help="Jupyter kernel (default: python3)")
+    e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar over the cells")
     return p
 
 # %% ../nbs/10_cli.ipynb #815e5360
@@ -53,7 +62,7 @@ def results_table(untrained: dict, final: dict) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/10_cli.ipynb #de22a09a
-USER_ERRORS = (ConfigError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable)
+USER_ERRORS = (ConfigError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
 
 def train_command(args) -> int:
     "Run `dml-book train` with parsed `args`; print the results table."
@@ -66,10 +75,20 @@ def train_command(args) -> int:
     print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt" + (", umap.png" if cfg.umap else ""))
     return 0
 
+def experiment_command(args) -> int:
+    "Run `dml-book experiment`: execute the notebook with papermill; a failing cell is reported with the notebook to read."
+    from papermill.exceptions import PapermillExecutionError
+    try: executed = run_experiment(args.name, dict(args.parameter), args.parameters_file, args.out_dir, args.kernel, args.progress)
+    except PapermillExecutionError as e:
+        print(f"dml-book: experiment failed in cell {e.exec_count}: {e.ename}: {e.evalue}", file=sys.stderr)
+        return 1
+    print(f"executed notebook: {executed}\nresults: {executed.parent}/")
+    return 0
+
 def main(argv=None) -> int:
     "Entry point of the `dml-book` command."
     args = parser().parse_args(argv)
-    try: return {"train": train_command}[args.command](args)
+    try: return {"train": train_command, "experiment": experiment_command}[args.command](args)
     except USER_ERRORS as e:
         print(f"dml-book: error: {e}", file=sys.stderr)
         return 2

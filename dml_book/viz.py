@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 # %% auto #0
-__all__ = ['history_frame', 'plot_learning_curves', 'plot_umap', 'plot_retrieval_gallery']
+__all__ = ['history_frame', 'plot_learning_curves', 'plot_umap', 'plot_retrieval_gallery', 'plot_comparison']
 
 # %% ../nbs/09_viz.ipynb #3276e16c
 def history_frame(runs: dict[str, list[dict]]) -> pd.DataFrame:
@@ -69,3 +69,27 @@ def plot_retrieval_gallery(dataset, embeddings, n_queries: int = 5, k: int = 5, 
     axes[0, 0].set_title("query", fontsize=8)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/09_viz.ipynb #fa47b577
+def plot_comparison(runs: pd.DataFrame, # tidy runs (`dml_book.results.runs_frame`): variant, stage, metric, value
+                    published: pd.DataFrame | None = None, # `dml_book.results.read_published`: method, dataset, metric, value (percent)
+                    metric: str = "R@1", # the metric to compare
+                    baseline: str = "baseline", # the variant drawn first, with a line through its mean
+                    ax=None):
+    "Horizontal bars of `metric` (percent) per variant, mean and std over seeds, then the published figures."
+    from dml_book.results import reported
+    d = reported(runs); d = d[d.metric == metric]
+    if d.empty: raise ValueError(f"no runs report {metric}")
+    ours = pd.DataFrame(dict(label=d.variant, value=100 * d.value, kind=f"ours ({d.stage.iloc[0]}, mean ± sd over seeds)"))
+    order = sorted(ours.label.unique(), key=lambda v: (v != baseline, v))
+    frames = [ours]
+    if published is not None and not (pub := published[published.metric == metric]).empty:
+        frames.append(pd.DataFrame(dict(label=[f"{m} ({ds})" for m, ds in zip(pub.method, pub.dataset)], value=pub.value, kind="published")))
+        order += list(dict.fromkeys(frames[-1].label))
+    df = pd.concat(frames, ignore_index=True)
+    ax = ax or plt.subplots(figsize=(6, 0.35 * len(order) + 1.2))[1]
+    sns.barplot(df, x="value", y="label", hue="kind", order=order, errorbar="sd", dodge=False, ax=ax, palette=["tab:blue", "0.7"][:df.kind.nunique()])
+    if baseline in ours.label.values: ax.axvline(ours[ours.label == baseline].value.mean(), ls="--", c="k", lw=1)
+    ax.set(xlabel=f"{metric} (%)", ylabel="")
+    ax.legend(fontsize=7, loc="lower right")
+    return ax.figure

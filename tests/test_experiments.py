@@ -1,0 +1,97 @@
+"""Experiment notebooks: their shape (one `parameters` cell, nothing exported), their runs under papermill with the
+defaults (done by tools/preview.py through `dml-book experiment`, reused here when the sources have not changed),
+the JSON and figures each run leaves, the published figures and the GPU parameter files."""
+import json, math, subprocess, sys
+from pathlib import Path
+import nbformat, pytest, yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = sorted((ROOT/"nbs"/"experiments").glob("*.ipynb"))
+NAMES = [p.stem for p in EXPERIMENTS]
+PREVIEW = ROOT/"_preview"
+
+
+@pytest.fixture(scope="session")
+def runs():
+    "The folder of the experiments' default runs: tools/preview.py builds it (or finds it up to date)."
+    subprocess.run([sys.executable, str(ROOT/"tools"/"preview.py"), "--if-stale", "--out", str(PREVIEW)], check=True, cwd=ROOT)
+    return PREVIEW/"runs"
+
+
+def test_there_is_a_generic_notebook_and_one_per_method():
+    assert set(NAMES) >= {"train_eval", "ala", "hdml", "dcml", "pads", "dmml"}
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=NAMES)
+def test_notebook_has_one_parameters_cell_and_exports_nothing(path):
+    nb = nbformat.read(str(path), as_version=4)
+    tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged parameters"
+    assert all("#| export" not in c.source and "default_exp" not in c.source for c in nb.cells)
+    from dml_book.results import notebook_parameters
+    declared = notebook_parameters(path)
+    assert "out_dir" in declared and "seeds" in declared
+    for line in tagged[0].source.splitlines():   # flat, typed, commented
+        if line.strip() and not line.startswith("#"): assert ":" in line.split("=")[0] and "#" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_default_run_leaves_json_figures_and_the_executed_notebook(runs, name):
+    out = runs/name
+    executed = nbformat.read(str(out/f"{name}.ipynb"), as_version=4)
+    errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
+    metrics = sorted(out.rglob("metrics.json"))
+    assert metrics, f"no runs in {out}"
+    for m in metrics:
+        run = json.loads(m.read_text())
+        assert {"config", "environment", "untrained", "final", "epochs"} <= set(run)
+        assert run["environment"]["torch"] and "selected" in run, m
+        for stage in (run["final"], run["selected"]["test"], run["selected"]["validation"]):
+            assert stage and all(math.isfinite(v) for v in stage.values()), (m, stage)
+        assert run["selected"]["epoch"] in [r["epoch"] for r in run["epochs"]]
+        assert (m.parent/"log.jsonl").exists() and (m.parent/"checkpoint.pt").exists()
+    figures = ["learning_curves.png"] + (["umap.png", "gallery.png"] if name == "train_eval" else ["comparison.png"])
+    for f in figures:
+        data = (out/f).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, f
+    import pandas as pd
+    summary = pd.read_csv(out/"summary.csv")
+    assert (summary["stage"] == "selected").all() and summary["mean"].map(math.isfinite).all()
+
+
+@pytest.mark.slow
+def test_aggregate_over_seeds_matches_the_runs(runs):
+    "The generic notebook runs two seeds: the summary's mean and std are those of the two metrics.json files."
+    import numpy as np, pandas as pd
+    from dml_book.results import runs_frame, summarize
+    folders = sorted((runs/"train_eval").glob("*/seed*/metrics.json"))
+    assert len(folders) == 2
+    r1 = [json.loads(f.read_text())["selected"]["test"]["R@1"] for f in folders]
+    row = summarize(runs_frame(runs/"train_eval"), metrics=["R@1"]).iloc[0]
+    assert row["n"] == 2 and row["mean"] == pytest.approx(np.mean(r1)) and row["std"] == pytest.approx(np.std(r1, ddof=1))
+    saved = pd.read_csv(runs/"train_eval"/"summary.csv")
+    assert saved[saved.metric == "R@1"]["mean"].iloc[0] == pytest.approx(np.mean(r1))
+
+
+def test_published_figures_have_a_source_on_every_row():
+    from dml_book.results import read_published
+    files = sorted((ROOT/"nbs"/"experiments"/"published").glob("*.csv"))
+    assert files
+    for f in files:
+        df = read_published(f)
+        assert f.stem in NAMES and len(df) and df.source.str.len().min() > 20
+
+
+@pytest.mark.parametrize("path", sorted((ROOT/"params").glob("*.yaml")), ids=lambda p: p.name)
+def test_parameter_files_name_only_parameters_of_their_notebook(path):
+    from dml_book.results import notebook_parameters, coerce_parameters
+    name = "train_eval" if path.stem.startswith("train_eval") else path.stem.split("_")[0]
+    declared = notebook_parameters(ROOT/"nbs"/"experiments"/f"{name}.ipynb")
+    given = yaml.safe_load(path.read_text())
+    coerce_parameters(declared, given)   # raises on a name the notebook does not declare
+    assert given.get("device") == "cuda" and given.get("data_root")
+    if "variants" in given:
+        src = (ROOT/"nbs"/"experiments"/f"{name}.ipynb").read_text()
+        for v in given["variants"]: assert f'"{v}"' in src, f"{path.name}: variant {v} is not in {name}.ipynb's protocol"

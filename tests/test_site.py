@@ -1,0 +1,118 @@
+"""The book as a site: Quarto configuration and sidebar (checked without Quarto), `nbdev-proc-nbs`, and the offline
+preview (tools/preview.py) rendered by a headless Chromium."""
+import os, re, shutil, subprocess, sys
+from pathlib import Path
+import pytest, yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NBS = ROOT/"nbs"
+BIN = Path(sys.executable).parent
+PREVIEW = ROOT/"_preview"
+
+
+def _sidebar_entries():
+    def walk(items):
+        for i in items:
+            if isinstance(i, str): yield i
+            else: yield from walk(i["contents"])
+    return list(walk(yaml.safe_load((NBS/"sidebar.yml").read_text())["website"]["sidebar"]["contents"]))
+
+
+def test_sidebar_lists_every_chapter_and_experiment_in_reading_order():
+    entries = _sidebar_entries()
+    notebooks = sorted(str(p.relative_to(NBS)) for p in [*NBS.glob("*.ipynb"), *(NBS/"experiments").glob("*.ipynb")]
+                       if not p.name.startswith("_"))
+    assert sorted(entries) == notebooks, "nbs/sidebar.yml and the notebooks differ: " + str(set(entries) ^ set(notebooks))
+    chapters = [e for e in entries if "/" not in e and e != "index.ipynb"]
+    assert entries[0] == "index.ipynb" and chapters == sorted(chapters)   # numbered chapters in order: base, then methods
+    assert all(e.startswith("experiments/") for e in entries[1 + len(chapters):])
+    sections = [s["section"] for s in yaml.safe_load((NBS/"sidebar.yml").read_text())["website"]["sidebar"]["contents"] if isinstance(s, dict)]
+    assert sections == ["The base", "The methods", "Experiments"]
+
+
+def test_quarto_configuration_is_complete():
+    q = yaml.safe_load((NBS/"_quarto.yml").read_text())
+    assert q["project"]["type"] == "website" and set(q["metadata-files"]) == {"nbdev.yml", "sidebar.yml"}
+    assert q["format"]["html"]["css"] == "styles.css" and (NBS/"styles.css").exists()
+    assert q["execute"]["enabled"] is True   # the site shows executed chapters and experiment runs
+    n = yaml.safe_load((NBS/"nbdev.yml").read_text())
+    assert n["project"]["output-dir"] == "_docs" and n["website"]["title"] == "dml_book"
+    for item in q["website"]["navbar"]["left"]: assert (NBS/item["href"]).exists(), item
+
+
+@pytest.mark.slow
+def test_nbdev_proc_nbs_processes_every_notebook(tmp_path):
+    "nbdev-proc-nbs on a copy of the tree; without Quarto a stand-in `quarto` keeps nbdev from trying to install it."
+    for name in ("nbs", "dml_book"): shutil.copytree(ROOT/name, tmp_path/name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT/"pyproject.toml", tmp_path)
+    env = dict(os.environ)
+    if not shutil.which("quarto"): env["PATH"] = f"{ROOT/'tools'/'no-quarto'}{os.pathsep}{env['PATH']}"
+    r = subprocess.run([str(BIN/"nbdev-proc-nbs")], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    proc = tmp_path/"_proc"
+    for e in _sidebar_entries(): assert (proc/e).exists(), f"{e} was not processed"
+    for f in ("_quarto.yml", "sidebar.yml", "nbdev.yml"): assert (proc/f).exists(), f
+    assert (tmp_path/"nbs"/"nbdev.yml").read_text() == (NBS/"nbdev.yml").read_text(), "nbdev regenerates nbs/nbdev.yml: commit its output"
+
+
+@pytest.fixture(scope="session")
+def preview():
+    subprocess.run([sys.executable, str(ROOT/"tools"/"preview.py"), "--if-stale", "--out", str(PREVIEW)], check=True, cwd=ROOT)
+    return PREVIEW/"site"
+
+
+@pytest.mark.slow
+def test_preview_has_every_page_and_an_index_in_reading_order(preview):
+    sys.path.insert(0, str(ROOT/"tools"))
+    from preview import page_name
+    entries = _sidebar_entries()
+    index = (preview/"index.html").read_text()
+    links = re.findall(r'<li><a href="([^"]+)"', index)
+    assert links == ["home.html"] + [page_name(e) for e in entries[1:]]
+    for link in links:
+        page = (preview/link).read_text()
+        assert "<nav class=\"dml-nav\">" in page and "jp-Cell" in page, link
+    for e in entries:   # every experiment page shows its figures
+        if e.startswith("experiments/"): assert (preview/page_name(e)).read_text().count("data:image/png") >= 2, e
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    "Debian's chromium, installed with apt-get when missing; skipped only when it cannot be installed."
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None and shutil.which("apt-get") and os.geteuid() == 0:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env, capture_output=True)
+        exe = shutil.which("chromium")
+    if exe is None: pytest.skip("chromium is not installed and could not be installed with apt-get (needs root and the Debian archive)")
+    return exe
+
+
+def _screenshot(chromium, url, png):
+    r = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={png}",
+                        "--window-size=1200,900", url], capture_output=True, text=True, timeout=180)
+    assert png.exists(), r.stderr
+    from PIL import Image
+    img = Image.open(png).convert("RGB")
+    assert img.size == (1200, 900)
+    return img
+
+
+def _ink(img):
+    "Share of pixels that are not (near) white, and the number of distinct colours: a blank or error page has few."
+    px = list(img.resize((300, 225)).getdata())
+    return sum(1 for p in px if min(p) < 230) / len(px), len(set(px))
+
+
+@pytest.mark.slow
+def test_chromium_renders_the_index_and_a_method_chapter_with_figures(preview, chromium):
+    shots = PREVIEW/"screenshots"; shots.mkdir(exist_ok=True)
+    index = _screenshot(chromium, (preview/"index.html").as_uri(), shots/"index.png")
+    ink, colours = _ink(index)
+    assert 0.02 < ink < 0.9, ink
+    page = preview/"methods.hdml.html"
+    assert 'id="first-figure"' in page.read_text(), "the HDML chapter has no figure"
+    chapter = _screenshot(chromium, page.as_uri() + "#first-figure", shots/"methods.hdml.png")
+    ink, colours = _ink(chapter)
+    assert ink > 0.05 and colours > 200, (ink, colours)   # a plotted figure, not text alone or an error page

@@ -1,0 +1,186 @@
+"""Offline HTML preview of the executed book, without Quarto (`make preview`; part of `make test`).
+
+1. chapters: a copy of nbs/ is executed by `nbdev-test --save` (the same runner, flags and timeout as `nbdev-test`,
+   so this step *is* the notebook test: it fails when a chapter fails) and keeps the outputs;
+2. experiments: every notebook of nbs/experiments runs under papermill with its defaults through
+   `dml-book experiment NAME --out-dir OUT/runs/NAME` (the executed notebook is saved beside its results);
+3. pages: each executed notebook becomes one HTML page with `jupyter nbconvert` (hidden cells and nbdev directives
+   removed, figures embedded), named as nbdev names them (`20_methods.ala.ipynb` -> `methods.ala.html`), in the
+   reading order of nbs/sidebar.yml, with an index page linking the chapters in order.
+
+`OUT/stamp.json` records a hash of the sources the preview was built from; `--if-stale` rebuilds only when they changed.
+"""
+from __future__ import annotations
+import argparse, hashlib, html, json, os, re, shutil, subprocess, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NBS = ROOT/"nbs"
+BIN = Path(sys.executable).parent
+
+
+def sources_hash() -> str:
+    "A hash of everything the preview depends on: notebooks, the package, the sidebar, the published figures."
+    h = hashlib.sha256()
+    files = sorted([*NBS.rglob("*.ipynb"), *NBS.rglob("*.yml"), *NBS.rglob("*.csv"), *(ROOT/"dml_book").rglob("*.py"), Path(__file__)])
+    for f in files:
+        if any(p.startswith(("_", ".")) and p not in (".notest",) for p in f.relative_to(ROOT).parts[:-1]): continue
+        h.update(str(f.relative_to(ROOT)).encode()); h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def reading_order() -> list[tuple[str, list[str]]]:
+    "Sections of nbs/sidebar.yml: [(section title, [notebook paths relative to nbs/])], the home page first."
+    import yaml
+    contents = yaml.safe_load((NBS/"sidebar.yml").read_text())["website"]["sidebar"]["contents"]
+    out = []
+    for item in contents:
+        if isinstance(item, str): out.append(("", [item]))
+        else: out.append((item["section"], list(item["contents"])))
+    return out
+
+
+def page_name(nb: str) -> str:
+    "The HTML name nbdev/Quarto give a notebook: number prefix dropped (`20_methods.ala.ipynb` -> `methods.ala.html`)."
+    p = Path(nb)
+    return str(p.with_name(re.sub(r"^\d+[a-z]?_", "", p.stem) + ".html"))
+
+
+def execute_chapters(out: Path, n_workers: int = 2) -> Path:
+    "Run nbdev-test --save on a copy of nbs/ (without the experiments): the executed chapters."
+    dest = out/"executed"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(NBS, dest, ignore=shutil.ignore_patterns("experiments", "_*", ".ipynb_checkpoints"))
+    t0 = time.time()
+    r = subprocess.run([str(BIN/"nbdev-test"), "--n-workers", str(n_workers), "--timing", "--save", str(dest)], cwd=ROOT)
+    if r.returncode: sys.exit(f"preview: nbdev-test failed on the chapters (exit {r.returncode})")
+    print(f"preview: chapters executed in {time.time() - t0:.0f} s")
+    return dest
+
+
+def run_experiments(out: Path) -> Path:
+    "Every experiment notebook under papermill with its defaults, through `dml-book experiment`."
+    runs = out/"runs"
+    for nb in sorted((NBS/"experiments").glob("*.ipynb")):
+        t0 = time.time()
+        r = subprocess.run([str(BIN/"dml-book"), "experiment", nb.stem, "--out-dir", str(runs/nb.stem), "--no-progress"], cwd=ROOT)
+        if r.returncode: sys.exit(f"preview: experiment {nb.stem} failed (exit {r.returncode}); see {runs/nb.stem/nb.name}")
+        print(f"preview: experiment {nb.stem} ran in {time.time() - t0:.0f} s")
+    return runs
+
+
+_DIRECTIVE = re.compile(r"^\s*#\|\s*(\S+)")
+
+def _clean(nb):
+    "Drop hidden and nbdev-only cells, strip nbdev directive lines; the rest is what a reader sees."
+    cells = []
+    for c in nb.cells:
+        lines = c.source.splitlines()
+        flags = {m.group(1).rstrip(":") for l in lines if (m := _DIRECTIVE.match(l))}
+        if c.cell_type == "code" and flags & {"hide", "default_exp", "exporti"}: continue
+        if c.cell_type == "code" and any(l.strip() in ("#| echo: false",) for l in lines): c.metadata["jupyter"] = {"source_hidden": True}
+        if c.cell_type == "code": c.source = "\n".join(l for l in lines if not _DIRECTIVE.match(l)).strip("\n")
+        if c.cell_type == "code" and not c.source and not c.get("outputs"): continue
+        cells.append(c)
+    nb.cells = cells
+    return nb
+
+
+NAV_CSS = """<style>.dml-nav{font-family:system-ui,sans-serif;background:#2c3e50;color:#fff;padding:.5em 1em;display:flex;gap:1.5em;
+position:sticky;top:0;z-index:10}.dml-nav a{color:#fff}.dml-nav .title{font-weight:700}</style>"""
+
+def _nav(prefix: str, prev: tuple | None, nxt: tuple | None) -> str:
+    parts = [f'<a class="title" href="{prefix}index.html">dml_book</a>']
+    if prev: parts.append(f'<a href="{prefix}{prev[0]}">&larr; {html.escape(prev[1])}</a>')
+    if nxt: parts.append(f'<a href="{prefix}{nxt[0]}">{html.escape(nxt[1])} &rarr;</a>')
+    return NAV_CSS + '<nav class="dml-nav">' + "".join(parts) + "</nav>"
+
+
+def _title(nb) -> str:
+    for c in nb.cells:
+        if c.cell_type == "markdown" and (m := re.search(r"^#\s+(.+)$", c.source, re.M)): return m.group(1).strip()
+    return "untitled"
+
+
+def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
+    "One HTML page per notebook in reading order, plus the index; returns the pages built."
+    import nbformat
+    from nbconvert import HTMLExporter
+    site = out/"site"
+    shutil.rmtree(site, ignore_errors=True); (site/"experiments").mkdir(parents=True)
+    exporter = HTMLExporter(template_name="lab")
+    pages = []
+    for section, nbs in reading_order():
+        for rel in nbs:
+            src = runs/Path(rel).stem/Path(rel).name if rel.startswith("experiments/") else chapters/rel
+            if not src.exists(): sys.exit(f"preview: no executed notebook for {rel} (looked for {src})")
+            nb = _clean(nbformat.read(str(src), as_version=4))
+            pages.append(dict(section=section, notebook=rel, page=page_name(rel), title=_title(nb), nb=nb))
+    for i, p in enumerate(pages):
+        prefix = "../" * p["page"].count("/")
+        prev = (pages[i-1]["page"], pages[i-1]["title"]) if i else None
+        nxt = (pages[i+1]["page"], pages[i+1]["title"]) if i + 1 < len(pages) else None
+        body, _ = exporter.from_notebook_node(p.pop("nb"), resources={"metadata": {"name": p["title"]}})
+        body = body.replace('<img src="data:image/png', '<img id="first-figure" src="data:image/png', 1)
+        body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + _nav(prefix, prev, nxt), body, count=1)
+        name = "home.html" if p["notebook"] == "index.ipynb" else p["page"]
+        (site/name).write_text(body)
+        p["file"] = name
+    _write_index(site, pages)
+    shutil.copy(NBS/"styles.css", site/"styles.css")
+    return pages
+
+
+def _write_index(site: Path, pages: list[dict]):
+    "The index: what the project is, how to install it and run the experiments, and the chapters in reading order."
+    toc, section = [], None
+    for p in pages:
+        if p["section"] != section:
+            if section is not None: toc.append("</ol>")
+            section = p["section"]
+            toc.append(f"<h3>{html.escape(section or 'Start here')}</h3><ol>")
+        toc.append(f'<li><a href="{p["file"]}">{html.escape(p["title"])}</a> <small>({html.escape(p["notebook"])})</small></li>')
+    toc.append("</ol>")
+    (site/"index.html").write_text(f"""<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>dml_book: offline preview</title>
+<link rel="stylesheet" href="styles.css"><style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;line-height:1.5}}
+code,pre{{background:#f4f4f4}}pre{{padding:.6em}}</style></head><body>
+<h1>dml_book</h1>
+<p><b>A literate, executable book on deep metric learning — adaptive sampling and meta-learning — and the PyTorch library
+extracted from it.</b> Every chapter is a notebook and a module of the <code>dml_book</code> package: the base (data, samplers,
+losses, miners, metrics, models, training), then five methods (ALA, HDML, DCML, PADS, DMML), then experiments that run each
+paper's protocol and ablations and compare them with the numbers the paper reports.</p>
+<p>This is the offline preview, built without Quarto from the executed notebooks (<code>make preview</code>); the site itself
+is built with <code>make docs</code> (<code>nbdev-docs</code>, which needs Quarto). Start with <a href="home.html">the home page</a>.</p>
+<h2>Install</h2>
+<pre>pip install dml_book        # or, from a clone: make install (creates .venv)</pre>
+<h2>Run the experiments</h2>
+<pre>dml-book experiment train_eval -p method hdml -p epochs 5     # any method, seconds on a CPU
+dml-book experiment hdml                                         # a paper's protocol and ablations, built-in data
+papermill nbs/experiments/pads.ipynb out.ipynb -k python3 -f params/pads_cub200.yaml   # the paper's setting, on a GPU</pre>
+<p>Each run writes its configuration, environment, per-epoch and final metrics as JSON in its output folder, with the
+executed notebook beside them.</p>
+<h2>Chapters, in reading order</h2>
+{''.join(toc)}
+</body></html>""")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT/"_preview"), help="output folder (default: _preview)")
+    ap.add_argument("--if-stale", action="store_true", help="do nothing when OUT was built from the current sources")
+    ap.add_argument("--n-workers", type=int, default=2, help="nbdev-test workers")
+    args = ap.parse_args(argv)
+    out = Path(args.out).resolve(); stamp = out/"stamp.json"
+    digest = sources_hash()
+    if args.if_stale and stamp.exists() and json.loads(stamp.read_text()).get("sources") == digest:
+        return print(f"preview: {out} is up to date")
+    stamp.unlink(missing_ok=True); out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    chapters = execute_chapters(out, args.n_workers)
+    runs = run_experiments(out)
+    pages = build_pages(out, chapters, runs)
+    stamp.write_text(json.dumps(dict(sources=digest, pages=[{k: v for k, v in p.items()} for p in pages]), indent=1))
+    print(f"preview: {len(pages)} pages in {out/'site'}; open {out/'site'/'index.html'}")
+
+
+if __name__ == "__main__": main()
