@@ -178,5 +178,5 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
     out = Path(params.get("out_dir", declared["out_dir"]["default"].strip("\"'"))).resolve()
     params["out_dir"] = str(out); out.mkdir(parents=True, exist_ok=True)
     executed = out/f"{path.stem}.ipynb"
-    pm.execute_notebook(str(path), str(executed), parameters=params, kernel_name=kernel, progress_bar=progress, cwd=str(path.parent))
+    pm.execute_notebook(str(path), str(executed), parameters=params, kernel_name=kernel, progress_bar=progress)
     return executed
