@@ -1,0 +1,103 @@
+"Two gloo processes on this machine train exactly like one process with the doubled batch."
+import json, subprocess, sys
+from pathlib import Path
+from types import SimpleNamespace
+import numpy as np, pytest, torch, torch.nn as nn, torch.nn.functional as F
+import torch.distributed as dist
+from dml_book.distributed import gather_batch, sync_optimizer, broadcast_state, run_local
+from dml_book.losses import ContrastiveLoss, TripletLoss, ProxyAnchorLoss
+from dml_book.miners import SemiHardMiner, DistanceWeightedMiner
+from dml_book.methods.base import Baseline
+from dml_book.train import Trainer, LabelledSubset
+
+torch.set_default_dtype(torch.float64)
+SETUPS = {"pair": lambda: (ContrastiveLoss(pos_margin=0.1, neg_margin=0.6), None),
+          "triplet+semihard": lambda: (TripletLoss(margin=0.2), SemiHardMiner(margin=0.2)),
+          "triplet+distance_weighted": lambda: (TripletLoss(margin=0.2), DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)),
+          "proxy": lambda: (ProxyAnchorLoss(num_classes=4, embedding_size=6), None)}
+
+
+class Net(nn.Module):
+    def __init__(self): super().__init__(); self.fc = nn.Linear(8, 6)
+    def forward(self, x): return F.normalize(self.fc(x), dim=1)
+
+
+def one_step(rank: int, world: int, setup: str, out: str):
+    "One Baseline step on rank `rank`'s share of a fixed global batch of 16 (4 classes x 4)."
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 8), torch.arange(4).repeat_interleave(4)
+    model = Net(); loss_fn, miner = SETUPS[setup]()
+    if world > 1: broadcast_state(model); broadcast_state(loss_fn)
+    opt = torch.optim.SGD([*model.parameters(), *loss_fn.parameters()], lr=0.5)
+    if world > 1: sync_optimizer(opt)
+    trainer = SimpleNamespace(model=model, loss_fn=loss_fn, miner=miner, optimizer=opt,
+                              gather=gather_batch if world > 1 else (lambda z, l: (z, l)))
+    share = slice(rank * 16 // world, (rank + 1) * 16 // world)
+    torch.manual_seed(1)   # the miner's draws
+    logs = Baseline().training_step(trainer, x[share], y[share])
+    torch.save(dict(loss=logs["loss"], params=[p.detach().clone() for p in [*model.parameters(), *loss_fn.parameters()]]),
+               f"{out}/{setup}-{world}-{rank}.pt")
+
+
+@pytest.mark.parametrize("setup", list(SETUPS))
+def test_two_processes_take_the_same_step_as_one_with_twice_the_batch(setup, tmp_path):
+    one_step(0, 1, setup, tmp_path)
+    run_local(one_step, 2, 2, setup, str(tmp_path))
+    single = torch.load(tmp_path/f"{setup}-1-0.pt")
+    for rank in range(2):
+        multi = torch.load(tmp_path/f"{setup}-2-{rank}.pt")
+        assert abs(multi["loss"] - single["loss"]) < 1e-5
+        for a, b in zip(multi["params"], single["params"]): torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    before = Net(); torch.manual_seed(0)
+    assert any((p - q).abs().max() > 1e-3 for p, q in zip(single["params"], [*before.parameters()]))  # it did move
+
+
+def gathered_gradient(rank: int, out: str):
+    z = (torch.arange(12.).reshape(4, 3) + 100 * rank).requires_grad_()
+    g, labels = gather_batch(z, torch.full((4,), rank))
+    (g ** 2).sum().backward()   # every rank: the same global loss
+    torch.save(dict(grad=z.grad, labels=labels), f"{out}/grad-{rank}.pt")
+
+
+def test_gathered_embeddings_carry_gradient_to_their_own_rank(tmp_path):
+    run_local(gathered_gradient, 2, str(tmp_path))
+    for rank in range(2):
+        r = torch.load(tmp_path/f"grad-{rank}.pt")
+        z = torch.arange(12.).reshape(4, 3) + 100 * rank
+        torch.testing.assert_close(r["grad"], 2 * (2 * z))   # world_size x dL/dz; None with a plain all_gather
+        torch.testing.assert_close(r["labels"], torch.tensor([0] * 4 + [1] * 4))
+
+
+def sharded_eval(rank: int, out: str):
+    torch.set_default_dtype(torch.float32)
+    t = Trainer(dataset="digits", embedding_dim=8, batch_size=8, m_per_class=4, out=out)
+    t.test_ds = LabelledSubset(t.test_ds, np.arange(len(t.test_ds) - 1))   # odd size: 895
+    emb, labels = t.embed_dataset(t.test_ds, batch_size=100)
+    torch.save(dict(metrics=t.evaluate(), emb=emb), f"{out}/eval-{t.dist.world_size}-{rank}.pt")
+
+
+def test_sharded_evaluation_equals_single_process_on_an_odd_sized_split(tmp_path):
+    sharded_eval(0, str(tmp_path))
+    run_local(sharded_eval, 2, str(tmp_path))
+    single = torch.load(tmp_path/"eval-1-0.pt")
+    assert len(single["emb"]) % 2 == 1
+    for rank in range(2):
+        multi = torch.load(tmp_path/f"eval-2-{rank}.pt")
+        torch.testing.assert_close(multi["emb"], single["emb"], atol=1e-6, rtol=0)
+        assert multi["metrics"] == single["metrics"]
+
+
+def test_torchrun_training_resumes_in_a_single_process(tmp_path):
+    args = ["train", "--dataset", "digits", "--embedding-dim", "8", "--batch-size", "8", "--m-per-class", "4",
+            "--max-steps-per-epoch", "4", "--no-umap", "--no-progress", "--out", str(tmp_path)]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
+                        "-m", "dml_book.cli", *args, "--epochs", "1"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("R@1") == 1   # rank 0 alone prints the table
+    log = [json.loads(l) for l in (tmp_path/"log.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in log if l["kind"] == "step"] == [1, 2, 3, 4]   # logged once, not once per rank
+    r = subprocess.run([sys.executable, "-m", "dml_book.cli", *args, "--epochs", "2"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = json.loads((tmp_path/"metrics.json").read_text())
+    assert [e["epoch"] for e in m["epochs"]] == [0, 1, 2] and np.isfinite(m["final"]["R@1"])
