@@ -113,6 +113,6 @@ def test_chromium_renders_the_index_and_a_method_chapter_with_figures(preview, c
     assert 0.02 < ink < 0.9, ink
     page = preview/"methods.hdml.html"
     assert 'id="first-figure"' in page.read_text(), "the HDML chapter has no figure"
-    chapter = _screenshot(chromium, page.as_uri() + "#first-figure", shots/"methods.hdml.png")
+    chapter = _screenshot(chromium, page.as_uri() + "#figure", shots/"methods.hdml.png")
     ink, colours = _ink(chapter)
     assert ink > 0.05 and colours > 200, (ink, colours)   # a plotted figure, not text alone or an error page

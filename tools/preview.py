@@ -96,6 +96,10 @@ def _nav(prefix: str, prev: tuple | None, nxt: tuple | None) -> str:
     return NAV_CSS + '<nav class="dml-nav">' + "".join(parts) + "</nav>"
 
 
+# `page.html#figure` starts the page at its first figure (cells before it hidden): what a headless screenshot can show
+_FIGURE_VIEW = """<script>if (location.hash == "#figure") { const f = document.getElementById("first-figure");
+if (f) for (const c of document.querySelectorAll(".jp-Cell")) { if (c.contains(f)) break; c.style.display = "none"; } }</script>"""
+
 def _title(nb) -> str:
     for c in nb.cells:
         if c.cell_type == "markdown" and (m := re.search(r"^#\s+(.+)$", c.source, re.M)): return m.group(1).strip()
@@ -121,7 +125,8 @@ def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
         prev = (pages[i-1]["page"], pages[i-1]["title"]) if i else None
         nxt = (pages[i+1]["page"], pages[i+1]["title"]) if i + 1 < len(pages) else None
         body, _ = exporter.from_notebook_node(p.pop("nb"), resources={"metadata": {"name": p["title"]}})
-        body = body.replace('<img src="data:image/png', '<img id="first-figure" src="data:image/png', 1)
+        body = re.sub(r'<img (?=[^>]*src="data:image/png)', '<img id="first-figure" ', body, count=1)
+        body = body.replace("</body>", _FIGURE_VIEW + "</body>", 1)
         body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + _nav(prefix, prev, nxt), body, count=1)
         name = "home.html" if p["notebook"] == "index.ipynb" else p["page"]
         (site/name).write_text(body)
