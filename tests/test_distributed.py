@@ -91,7 +91,7 @@ def test_sharded_evaluation_equals_single_process_on_an_odd_sized_split(tmp_path
 def test_torchrun_training_resumes_in_a_single_process(tmp_path):
     args = ["train", "--dataset", "digits", "--embedding-dim", "8", "--batch-size", "8", "--m-per-class", "4",
             "--max-steps-per-epoch", "4", "--no-umap", "--no-progress", "--out", str(tmp_path)]
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0",
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                         "-m", "dml_book.cli", *args, "--epochs", "1"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("R@1") == 1   # rank 0 alone prints the table
