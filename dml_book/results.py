@@ -137,14 +137,17 @@ def find_experiment(name: str) -> Path:
 
 # %% ../nbs/11_results.ipynb #327b9f5c
 def notebook_parameters(path, kernel: str = "python3") -> dict[str, dict]:
-    "The parameters a notebook declares: name -> {inferred_type_name, default, help} (papermill's inspection)."
-    import papermill as pm, nbformat, tempfile
-    nb = nbformat.read(str(path), as_version=4)
-    nb.metadata.setdefault("kernelspec", {"name": kernel, "display_name": kernel, "language": "python"})
-    with tempfile.TemporaryDirectory() as d:   # papermill inspects a file and needs its kernel named in it
-        nbformat.write(nb, f"{d}/nb.ipynb"); params = pm.inspect_notebook(f"{d}/nb.ipynb")
-    if not params: raise ExperimentError(f"{path} has no cell tagged 'parameters'")
-    return params
+    "The parameters a notebook declares in its one `parameters` cell: name -> {inferred_type_name, default, help}."
+    import ast, nbformat
+    cells = [c for c in nbformat.read(str(path), as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1: raise ExperimentError(f"{path} has {len(cells)} cells tagged 'parameters' (it needs exactly one)")
+    lines, out = cells[0].source.splitlines(), {}
+    for node in ast.parse(cells[0].source).body:   # papermill's own inspection cannot read `int | None`
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            comment = lines[node.lineno - 1].partition("#")[2].strip()
+            out[node.target.id] = dict(inferred_type_name=ast.unparse(node.annotation),
+                                       default=ast.literal_eval(node.value) if node.value else None, help=comment)
+    return out
 
 def coerce_parameters(declared: dict[str, dict], given: dict) -> dict:
     "Given values (strings from a command line, or typed from YAML) converted to the declared types; unknown names are errors."
@@ -154,7 +157,7 @@ def coerce_parameters(declared: dict[str, dict], given: dict) -> dict:
     out = {}
     for k, v in given.items():
         kind = declared[k].get("inferred_type_name", "None").replace(" ", "")
-        if isinstance(v, str) and not kind.startswith("str"): v = yaml.safe_load(v)
+        if isinstance(v, str) and (not kind.startswith("str") or ("None" in kind and v in ("null", "None", "~"))): v = yaml.safe_load(v)
         if kind.startswith("float") and isinstance(v, int) and not isinstance(v, bool): v = float(v)
         out[k] = v
     return out
@@ -175,7 +178,7 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
     given.update(parameters or {})
     if out_dir is not None: given["out_dir"] = out_dir
     params = coerce_parameters(declared, given)
-    out = Path(params.get("out_dir", declared["out_dir"]["default"].strip("\"'"))).resolve()
+    out = Path(params.get("out_dir", declared["out_dir"]["default"])).resolve()
     params["out_dir"] = str(out); out.mkdir(parents=True, exist_ok=True)
     executed = out/f"{path.stem}.ipynb"
     pm.execute_notebook(str(path), str(executed), parameters=params, kernel_name=kernel, progress_bar=progress)
