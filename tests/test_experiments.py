@@ -93,5 +93,5 @@ def test_parameter_files_name_only_parameters_of_their_notebook(path):
     coerce_parameters(declared, given)   # raises on a name the notebook does not declare
     assert given.get("device") == "cuda" and given.get("data_root")
     if "variants" in given:
-        src = (ROOT/"nbs"/"experiments"/f"{name}.ipynb").read_text()
+        src = "\n".join(c.source for c in nbformat.read(str(ROOT/"nbs"/"experiments"/f"{name}.ipynb"), as_version=4).cells)
         for v in given["variants"]: assert f'"{v}"' in src, f"{path.name}: variant {v} is not in {name}.ipynb's protocol"
