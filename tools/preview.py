@@ -75,6 +75,7 @@ def _clean(nb):
     "Drop hidden and nbdev-only cells, strip nbdev directive lines; the rest is what a reader sees."
     cells = []
     for c in nb.cells:
+        c.metadata.pop("execution", None)   # nbdev-test --save records timings that nbformat's schema rejects
         lines = c.source.splitlines()
         flags = {m.group(1).rstrip(":") for l in lines if (m := _DIRECTIVE.match(l))}
         if c.cell_type == "code" and flags & {"hide", "default_exp", "exporti"}: continue
