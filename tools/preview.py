@@ -175,6 +175,7 @@ def main(argv=None):
     ap.add_argument("--out", default=str(ROOT/"_preview"), help="output folder (default: _preview)")
     ap.add_argument("--if-stale", action="store_true", help="do nothing when OUT was built from the current sources")
     ap.add_argument("--n-workers", type=int, default=2, help="nbdev-test workers")
+    ap.add_argument("--pages-only", action="store_true", help="only rebuild the HTML from OUT/executed and OUT/runs")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve(); stamp = out/"stamp.json"
     digest = sources_hash()
@@ -182,8 +183,8 @@ def main(argv=None):
         return print(f"preview: {out} is up to date")
     stamp.unlink(missing_ok=True); out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MPLBACKEND", "Agg")
-    chapters = execute_chapters(out, args.n_workers)
-    runs = run_experiments(out)
+    if args.pages_only: chapters, runs = out/"executed", out/"runs"
+    else: chapters, runs = execute_chapters(out, args.n_workers), run_experiments(out)
     pages = build_pages(out, chapters, runs)
     stamp.write_text(json.dumps(dict(sources=digest, pages=[{k: v for k, v in p.items()} for p in pages]), indent=1))
     print(f"preview: {len(pages)} pages in {out/'site'}; open {out/'site'/'index.html'}")
