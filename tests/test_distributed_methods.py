@@ -9,6 +9,7 @@ from dml_book.train import Trainer
 from dml_book.methods.ala import ALA
 from dml_book.methods.hdml import HDML
 from dml_book.methods.dcml import DCML
+from dml_book.methods.pads import PADS
 
 torch.set_num_threads(1)
 N_CLASSES, PER_CLASS = 4, 4   # the global batch: 4 classes x 4 images
@@ -71,6 +72,29 @@ def dcml_step(rank: int, world: int, out: str):
     save(tr, [tr.method.training_step(tr, x, y)], f"{out}/dcml-{world}-{rank}.pt")
 
 
+def pads_step(rank: int, world: int, out: str):
+    "One PADS step with a fixed distribution (the sampling and the loss; the policy is tested on a real Trainer below)."
+    torch.set_num_threads(1); torch.set_default_dtype(torch.float64)
+    torch.manual_seed(0)   # the (unused) policy network's initialisation
+    tr = stand_in(PADS(adapt=False, init="uniform_low"), rank, world, TripletLoss(margin=0.2))
+    finish(tr, world)
+    x, y = data(rank, world)
+    save(tr, [tr.method.training_step(tr, x, y)], f"{out}/pads-{world}-{rank}.pt", generator=tr.method.generator.get_state())
+
+
+def pads_policy_steps(rank: int, out: str):
+    "Three PADS iterations with a policy step after each, on a real Trainer (digits) in 2 processes."
+    torch.set_num_threads(1)
+    tr = Trainer(dataset="digits", method="pads", embedding_dim=8, batch_size=8, m_per_class=4, out=out,
+                 method_kwargs=dict(update_every=1, hidden=(16,), n_bins=10))
+    m, batches = tr.method, iter(tr.loader)
+    start = params_of(tr)
+    logs = [m.training_step(tr, *next(batches)) for _ in range(3)]
+    torch.save(dict(logs=logs, params=params_of(tr), start=start, trajectory=m.trajectory, s_prev=m.s_prev,
+                    hooked=any(isinstance(v, torch.optim.Optimizer) and v is m.learner.optimizer for v in vars(m).values())),
+               f"{out}/policy-{rank}.pt")
+
+
 def ala_step(rank: int, world: int, out: str, same_episode: bool):
     "One ALA iteration; each rank gets its own episode, or both the same one."
     torch.set_num_threads(1); torch.set_default_dtype(torch.float64)
@@ -105,7 +129,7 @@ def single_process(fn, *args):
     finally: torch.set_default_dtype(prev)
 
 
-@pytest.mark.parametrize("name,fn", [("hdml", hdml_step), ("dcml", dcml_step)])
+@pytest.mark.parametrize("name,fn", [("hdml", hdml_step), ("dcml", dcml_step), ("pads", pads_step)])
 def test_two_processes_take_the_single_process_step_with_the_doubled_batch(name, fn, tmp_path):
     single_process(fn, str(tmp_path))
     run_local(fn, 2, 2, str(tmp_path))
@@ -115,11 +139,29 @@ def test_two_processes_take_the_single_process_step_with_the_doubled_batch(name,
         for ls, lm in zip(single["logs"], multi["logs"]):
             for k in ls: assert abs(ls[k] - lm[k]) < 1e-5, (k, ls[k], lm[k])
         assert_same_params(multi["params"], single["params"], atol=1e-5)
-    assert moved(single, "model.") > 1e-3 and moved(single, "method.") > 1e-3   # the step did move model and method
+    assert moved(single, "model.") > 1e-3   # the step did move the model
+    if name != "pads": assert moved(single, "method.") > 1e-3   # ... and the method's own modules (PADS: fixed p)
     if name == "hdml":
         for multi in ranks:
             assert multi["avgs"] == pytest.approx(single["avgs"], abs=1e-6) and np.isfinite(single["avgs"]).all()
             assert torch.equal(multi["rng"], single["rng"])
+    if name == "pads":   # the same triplet draws, from the method's own generator
+        for multi in ranks: assert torch.equal(multi["generator"], single["generator"])
+
+
+def test_pads_policy_is_one_policy_on_every_rank(tmp_path):
+    run_local(pads_policy_steps, 2, str(tmp_path))
+    r0, r1 = (load(tmp_path/f"policy-{r}.pt") for r in range(2))
+    assert r0["hooked"]   # the policy's optimiser is an attribute of the method: the trainer averages its gradients
+    # batch-norm running statistics follow each rank's own batches (the trainer does not synchronise buffers); the rest:
+    same = lambda r: {k: v for k, v in r["params"].items() if not k.split(".")[-1] in ("running_mean", "running_var", "num_batches_tracked")}
+    assert_same_params(same(r0), same(r1), atol=0)            # model, policy, old policy, distribution p
+    assert r0["trajectory"] == r1["trajectory"] and len(r0["trajectory"]) == 4
+    assert r0["trajectory"][-1] != r0["trajectory"][0]       # the policy did act on p
+    torch.testing.assert_close(r0["s_prev"], r1["s_prev"], atol=0, rtol=0)
+    assert [l["val_R@1"] for l in r0["logs"]] == [l["val_R@1"] for l in r1["logs"]]
+    assert "reward" in r0["logs"][-1] and r0["logs"][-1]["policy_loss"] == r1["logs"][-1]["policy_loss"]
+    assert moved(r0, "method.learner.policy.") > 0           # the policy was updated (the same update on both ranks)
 
 
 def test_ala_ranks_stay_identical_with_their_own_episodes(tmp_path):

@@ -15,6 +15,7 @@ from ..distances import euclidean, check_batch
 from ..metrics import evaluate
 from ..registry import METHODS, DATASETS
 from .base import Method
+from ..distributed import broadcast_object
 from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward
 
 # %% auto #0
@@ -211,6 +212,7 @@ def setup(self: PADS, trainer):
     "Hold out the validation images and set the initial distribution."
     self.distribution.set_probs(init_probs(self.init, self.distribution.centers, dim=trainer.model.embedding_dim))
     self.trajectory = [self.distribution.probs.tolist()]
+    self.policy_opt = self.learner.optimizer   # a direct attribute: the trainer averages its gradients under torchrun
     if not self.adapt: return
     ds = trainer.train_ds
     tr, va = validation_split(ds.labels, self.val_fraction, self.val_by_class, self.seed)
@@ -232,7 +234,7 @@ def sample(self: PADS, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tens
 @patch
 def training_step(self: PADS, trainer, images, labels) -> dict:
     "A DML step on PADS triplets; every `update_every` iterations, a policy step."
-    emb = trainer.model(images)
+    emb, labels = trainer.gather(trainer.model(images), labels)   # the global batch under torchrun
     tuples = self.sample(emb, labels)
     loss = trainer.loss_fn(emb, labels, tuples)
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -247,10 +249,13 @@ def training_step(self: PADS, trainer, images, labels) -> dict:
 @patch
 def validation_metrics(self: PADS, trainer) -> dict[str, float]:
     "Recall@1, NMI and the class distances of the held-out validation images."
-    emb, labels = trainer.embed_dataset(self.val_ds)
-    m = evaluate(emb, labels, ks=(1,), metrics=("R@K", "NMI"), seed=self.seed)
-    m["intra"], m["inter"] = class_distances(emb, labels)
-    return {k: float(m[k]) for k in METRIC_KEYS}
+    emb, labels = trainer.embed_dataset(self.val_ds)   # sharded and gathered under torchrun
+    if getattr(getattr(trainer, "dist", None), "is_main", True):
+        m = evaluate(emb, labels, ks=(1,), metrics=("R@K", "NMI"), seed=self.seed)
+        m["intra"], m["inter"] = class_distances(emb, labels)
+        m = {k: float(m[k]) for k in METRIC_KEYS}
+    else: m = None
+    return broadcast_object(m)   # rank 0's numbers on every rank: one state, one reward, one policy update
 
 def _progress(trainer) -> float:
     n = len(trainer.loader) if trainer.cfg.max_steps_per_epoch is None else min(len(trainer.loader), trainer.cfg.max_steps_per_epoch)
