@@ -93,6 +93,12 @@ def _rank_mean(state):
     for s in state: dist.all_reduce(s); s /= dist.get_world_size()
     return state
 
+def _on_any_rank(flag: bool, device) -> bool:
+    "True if `flag` holds on some rank (so that every rank takes the same branch around collective steps)."
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return flag
+    t = torch.tensor([int(flag)], device=device); dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
 @METHODS.register("ala")
 class ALA(Method):
     "DML-ALA (Zheng et al., CVPR 2020): an LSTM assessor weights the tuples, meta-trained on label-disjoint episodes."
@@ -171,7 +177,7 @@ def _training_step(self: ALA, trainer, images: Tensor, labels: Tensor) -> dict:
     emb = module(inp)                                   # theta's training embeddings, graph kept for eq. (13)
     t = self._tuples(trainer, emb, y)
     tuples = tuple_embeddings(emb, t)
-    if len(tuples) == 0: return {"loss": 0.0, "tuples": 0}
+    if _on_any_rank(len(tuples) == 0, labels.device): return {"loss": 0.0, "tuples": 0}   # all ranks skip together
     val_t = None
     if trainer.miner is not None:
         with torch.no_grad(): val_t = trainer.miner(functional_call(module, {**params, **buffers}, (val_inp,)), yv)
