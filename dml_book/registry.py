@@ -24,10 +24,9 @@ class Registry:
     def register(self, name: str) -> Callable:
         "Decorator that files an object under `name`."
         def deco(obj):
-            old = self._items.get(name)
-            if old is not None and getattr(old, "__qualname__", None) != getattr(obj, "__qualname__", None):
+            old = self._items.setdefault(name, obj)
+            if getattr(old, "__qualname__", None) != getattr(obj, "__qualname__", None):
                 raise ValueError(f"{self.kind} {name!r} is registered twice ({old!r} and {obj!r})")
-            self._items[name] = obj
             return obj
         return deco
 
