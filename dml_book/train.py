@@ -156,6 +156,7 @@ def param_groups(self: Trainer) -> list[dict]:
 @patch
 def _synchronise(self: Trainer):
     "Under torchrun: start from rank 0's state; every optimiser (the method's too) averages gradients before stepping."
+    if self.device.type == "cuda": self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)  # global BN statistics
     for m in (self.model, self.loss_fn, self.method): broadcast_state(m)
     for opt in [self.optimizer, *(v for v in vars(self.method).values() if isinstance(v, torch.optim.Optimizer))]:
         sync_optimizer(opt)
@@ -193,6 +194,7 @@ def _hold_out_validation(self: Trainer):
 def embed_dataset(self: Trainer, ds, batch_size: int = 256) -> tuple[torch.Tensor, np.ndarray]:
     "Embeddings (on the CPU) and labels of every item of `ds`, in order."
     was_training = self.model.training; self.model.eval(); self.method.eval()
+    if self.dist.enabled: broadcast_state(self.model)   # every share embedded with rank 0's batch-norm statistics
     part = torch.utils.data.Subset(ds, shard(len(ds), self.dist.rank, self.dist.world_size)) if self.dist.enabled else ds
     loader = torch.utils.data.DataLoader(part, batch_size=batch_size, shuffle=False, num_workers=self.cfg.num_workers)
     embs = [self.method.embed(self, x.to(self.device)).float() for x, _ in loader]

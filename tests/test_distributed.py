@@ -10,7 +10,6 @@ from dml_book.miners import SemiHardMiner, DistanceWeightedMiner
 from dml_book.methods.base import Baseline
 from dml_book.train import Trainer, LabelledSubset
 
-torch.set_default_dtype(torch.float64)
 SETUPS = {"pair": lambda: (ContrastiveLoss(pos_margin=0.1, neg_margin=0.6), None),
           "triplet+semihard": lambda: (TripletLoss(margin=0.2), SemiHardMiner(margin=0.2)),
           "triplet+distance_weighted": lambda: (TripletLoss(margin=0.2), DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4)),
@@ -29,6 +28,7 @@ def one_step(rank: int, world: int, setup: str, out: str):
     x, y = torch.randn(16, 8), torch.arange(4).repeat_interleave(4)
     model = Net(); loss_fn, miner = SETUPS[setup]()
     if world > 1: broadcast_state(model); broadcast_state(loss_fn)
+    start = [p.detach().clone() for p in [*model.parameters(), *loss_fn.parameters()]]
     opt = torch.optim.SGD([*model.parameters(), *loss_fn.parameters()], lr=0.5)
     if world > 1: sync_optimizer(opt)
     trainer = SimpleNamespace(model=model, loss_fn=loss_fn, miner=miner, optimizer=opt,
@@ -36,21 +36,22 @@ def one_step(rank: int, world: int, setup: str, out: str):
     share = slice(rank * 16 // world, (rank + 1) * 16 // world)
     torch.manual_seed(1)   # the miner's draws
     logs = Baseline().training_step(trainer, x[share], y[share])
-    torch.save(dict(loss=logs["loss"], params=[p.detach().clone() for p in [*model.parameters(), *loss_fn.parameters()]]),
+    torch.save(dict(loss=logs["loss"], start=start, params=[p.detach().clone() for p in [*model.parameters(), *loss_fn.parameters()]]),
                f"{out}/{setup}-{world}-{rank}.pt")
 
 
 @pytest.mark.parametrize("setup", list(SETUPS))
 def test_two_processes_take_the_same_step_as_one_with_twice_the_batch(setup, tmp_path):
-    one_step(0, 1, setup, tmp_path)
+    prev = torch.get_default_dtype()
+    try: one_step(0, 1, setup, tmp_path)     # here, in float64
+    finally: torch.set_default_dtype(prev)
     run_local(one_step, 2, 2, setup, str(tmp_path))
     single = torch.load(tmp_path/f"{setup}-1-0.pt")
     for rank in range(2):
         multi = torch.load(tmp_path/f"{setup}-2-{rank}.pt")
         assert abs(multi["loss"] - single["loss"]) < 1e-5
         for a, b in zip(multi["params"], single["params"]): torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
-    before = Net(); torch.manual_seed(0)
-    assert any((p - q).abs().max() > 1e-3 for p, q in zip(single["params"], [*before.parameters()]))  # it did move
+    assert any((p - q).abs().max() > 1e-3 for p, q in zip(single["params"], single["start"]))  # the step did move them
 
 
 def gathered_gradient(rank: int, out: str):
@@ -70,7 +71,6 @@ def test_gathered_embeddings_carry_gradient_to_their_own_rank(tmp_path):
 
 
 def sharded_eval(rank: int, out: str):
-    torch.set_default_dtype(torch.float32)
     t = Trainer(dataset="digits", embedding_dim=8, batch_size=8, m_per_class=4, out=out)
     t.test_ds = LabelledSubset(t.test_ds, np.arange(len(t.test_ds) - 1))   # odd size: 895
     emb, labels = t.embed_dataset(t.test_ds, batch_size=100)

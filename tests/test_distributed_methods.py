@@ -10,6 +10,7 @@ from dml_book.methods.ala import ALA
 from dml_book.methods.hdml import HDML
 from dml_book.methods.dcml import DCML
 from dml_book.methods.pads import PADS
+from dml_book.methods.dmml import DMML, ClassShare
 
 torch.set_num_threads(1)
 N_CLASSES, PER_CLASS = 4, 4   # the global batch: 4 classes x 4 images
@@ -95,6 +96,15 @@ def pads_policy_steps(rank: int, out: str):
                f"{out}/policy-{rank}.pt")
 
 
+def dmml_step(rank: int, world: int, out: str):
+    "One DMML step on an episode of 4 classes x (2 support + 2 query), split by class across the ranks."
+    torch.set_num_threads(1); torch.set_default_dtype(torch.float64)
+    tr = stand_in(DMML(n_classes=4, n_support=2, n_query=2, lr_decay=False, feature_penalty=0.01), rank, world, TripletLoss())
+    finish(tr, world)
+    x, y = data(rank, world)
+    save(tr, [tr.method.training_step(tr, x, y)], f"{out}/dmml-{world}-{rank}.pt")
+
+
 def ala_step(rank: int, world: int, out: str, same_episode: bool):
     "One ALA iteration; each rank gets its own episode, or both the same one."
     torch.set_num_threads(1); torch.set_default_dtype(torch.float64)
@@ -129,7 +139,7 @@ def single_process(fn, *args):
     finally: torch.set_default_dtype(prev)
 
 
-@pytest.mark.parametrize("name,fn", [("hdml", hdml_step), ("dcml", dcml_step), ("pads", pads_step)])
+@pytest.mark.parametrize("name,fn", [("hdml", hdml_step), ("dcml", dcml_step), ("pads", pads_step), ("dmml", dmml_step)])
 def test_two_processes_take_the_single_process_step_with_the_doubled_batch(name, fn, tmp_path):
     single_process(fn, str(tmp_path))
     run_local(fn, 2, 2, str(tmp_path))
@@ -140,7 +150,7 @@ def test_two_processes_take_the_single_process_step_with_the_doubled_batch(name,
             for k in ls: assert abs(ls[k] - lm[k]) < 1e-5, (k, ls[k], lm[k])
         assert_same_params(multi["params"], single["params"], atol=1e-5)
     assert moved(single, "model.") > 1e-3   # the step did move the model
-    if name != "pads": assert moved(single, "method.") > 1e-3   # ... and the method's own modules (PADS: fixed p)
+    if name in ("hdml", "dcml"): assert moved(single, "method.") > 1e-3   # ... and the method's own modules
     if name == "hdml":
         for multi in ranks:
             assert multi["avgs"] == pytest.approx(single["avgs"], abs=1e-6) and np.isfinite(single["avgs"]).all()
@@ -185,3 +195,17 @@ def test_ala_two_ranks_on_one_episode_take_the_single_process_step(tmp_path):
         assert_same_params(multi["params"], single["params"], atol=1e-10)
         for a, b in zip(multi["state"], single["state"]): torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
     assert moved(single, "model.") > 1e-4 and moved(single, "method.") > 1e-6
+
+
+def test_dmml_ranks_share_each_episode_by_class():
+    "ClassShare: the ranks' blocks of classes, in rank order, are the single process's episodes."
+    labels = np.repeat(np.arange(12), 5)
+    make = lambda r, w: DMML(n_classes=4, n_support=2, n_query=1).batch_sampler(SimpleNamespace(
+        train_ds=SimpleNamespace(labels=labels), cfg=SimpleNamespace(seed=3), dist=DistContext(r, w)))
+    single, shares = make(0, 1), [make(r, 2) for r in range(2)]
+    assert isinstance(shares[0], ClassShare) and len(shares[0]) == len(single)
+    for s in (single, *shares): s.set_epoch(2)
+    for task, *parts in zip(single, *shares):
+        assert sum(parts, []) == task and len(task) == 4 * 3
+        assert not set(labels[parts[0]]) & set(labels[parts[1]])   # each class on one rank, with all its images
+    with pytest.raises(ValueError, match="n_classes=4 must be divisible by the 3 processes"): make(0, 3)

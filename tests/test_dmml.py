@@ -157,7 +157,7 @@ def test_method_step_equals_manual_step():
         torch.manual_seed(0)
         model = build_model("smallcnn", embedding_dim=8)
         return SimpleNamespace(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3), epoch=1,
-                               cfg=SimpleNamespace(epochs=2, seed=0))
+                               cfg=SimpleNamespace(epochs=2, seed=0), gather=lambda z, labels: (z, labels))
     method, tr, ref = DMML(n_classes=2, n_support=2, n_query=1, scale=3.0), stand_in(), stand_in()
     method.setup(tr)
     x, y = torch.randn(6, 1, 16, 16), torch.tensor([4, 4, 4, 1, 1, 1])

@@ -6,9 +6,8 @@ Docs: https://dml-book.github.io/dml_book/data.transforms.html.md"""
 
 # %% ../../nbs/01c_data.transforms.ipynb #0956f4cb
 from __future__ import annotations
-from typing import Callable, TYPE_CHECKING
+from typing import Callable
 from ..registry import UnknownNameError
-if TYPE_CHECKING: from torchvision import transforms as T
 
 # %% auto #0
 __all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'TRANSFORM_PRESETS', 'retrieval_transform', 'reid_transform', 'get_transform']
@@ -16,13 +15,13 @@ __all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'TRANSFORM_PRESETS', 'retrieval_tran
 # %% ../../nbs/01c_data.transforms.ipynb #3db08d9e
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
-def retrieval_transform(train: bool, crop: int = 224, resize: int = 256) -> T.Compose:
+def retrieval_transform(train: bool, crop: int = 224, resize: int = 256) -> Callable:
     "Resize to `resize` x `resize`; random crop `crop` and flip when training, centre crop otherwise; ImageNet-normalise."
     from torchvision import transforms as T     # imported on use: torchvision takes seconds to import
     aug = [T.RandomCrop(crop), T.RandomHorizontalFlip()] if train else [T.CenterCrop(crop)]
     return T.Compose([T.Resize((resize, resize)), *aug, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
-def reid_transform(train: bool, size: tuple[int, int] = (256, 128), erase_p: float = 0.5) -> T.Compose:
+def reid_transform(train: bool, size: tuple[int, int] = (256, 128), erase_p: float = 0.5) -> Callable:
     "Resize to `size` (h, w); flip and random erasing (probability `erase_p`) when training; ImageNet-normalise."
     from torchvision import transforms as T
     pre = [T.Resize(size)] + ([T.RandomHorizontalFlip()] if train else [])
@@ -30,13 +29,13 @@ def reid_transform(train: bool, size: tuple[int, int] = (256, 128), erase_p: flo
     return T.Compose([*pre, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD), *post])
 
 # %% ../../nbs/01c_data.transforms.ipynb #400fca6c
-TRANSFORM_PRESETS: dict[str, Callable[[bool], T.Compose]] = {
+TRANSFORM_PRESETS: dict[str, Callable[[bool], Callable]] = {
     "retrieval224": lambda train: retrieval_transform(train, 224),   # torchvision backbones
     "retrieval227": lambda train: retrieval_transform(train, 227),   # Caffe GoogLeNet (HDML, DCML)
     "reid256x128": lambda train: reid_transform(train),              # person / vehicle re-identification
 }
 
-def get_transform(name: str, train: bool) -> T.Compose:
+def get_transform(name: str, train: bool) -> Callable:
     "The preset `name` for training (`train=True`) or testing."
     if name not in TRANSFORM_PRESETS:
         raise UnknownNameError(f"unknown transform preset {name!r}; choose from: {', '.join(sorted(TRANSFORM_PRESETS))}")

@@ -14,12 +14,12 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from ..registry import METHODS
 from ..distances import squared_euclidean
-from ..samplers import TaskSampler
+from ..samplers import TaskSampler, ddp_share
 from .base import Method
 
 # %% auto #0
 __all__ = ['Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss', 'MetaCellLoss',
-           'dmml_lr_factor', 'DMML']
+           'dmml_lr_factor', 'DMML', 'ClassShare']
 
 # %% ../../nbs/24_methods.dmml.ipynb #7d9c62df
 class Episode(NamedTuple):
@@ -182,11 +182,29 @@ def setup(self: DMML, trainer):
     "Train on the unnormalised embedding unless `normalize_train` (the test embedding is normalised by `embed`)."
     if not self.normalize_train and hasattr(trainer.model.head, "normalize"): trainer.model.head.normalize = False
 
+class ClassShare(torch.utils.data.Sampler):
+    "Under torchrun: this rank's contiguous block of `n_classes / world_size` classes of every episode of `tasks`."
+    def __init__(self, tasks: TaskSampler, # draws the same whole episodes on every rank (rank 0 of 1)
+                 rank: int, world_size: int):
+        if tasks.n_classes % world_size:
+            raise ValueError(f"n_classes={tasks.n_classes} must be divisible by the {world_size} processes: "
+                             "each takes the same number of the episode's classes")
+        self.tasks, self.rank, self.world_size = tasks, rank, world_size
+    def set_epoch(self, epoch: int): self.tasks.set_epoch(epoch)
+    def __len__(self) -> int: return len(self.tasks)
+    def __iter__(self):
+        for task in self.tasks:   # class by class, so an equal slice is a block of whole classes
+            k = len(task) // self.world_size
+            yield task[self.rank * k:(self.rank + 1) * k]
+
 @patch
-def batch_sampler(self: DMML, trainer) -> TaskSampler:
-    "Episodes: `n_classes` classes x (`n_support` + `n_query`) images, class by class (Algorithm 1)."
-    return TaskSampler(trainer.train_ds.labels, n_classes=self.n_classes, n_support=self.loss.n_support,
-                       n_query=self.n_query, tasks_per_epoch=self.tasks_per_epoch, seed=trainer.cfg.seed)
+def batch_sampler(self: DMML, trainer) -> TaskSampler | ClassShare:
+    "Episodes: `n_classes` classes x (`n_support` + `n_query`) images, class by class (Algorithm 1); split by class under torchrun."
+    tasks = TaskSampler(trainer.train_ds.labels, n_classes=self.n_classes, n_support=self.loss.n_support,
+                        n_query=self.n_query, tasks_per_epoch=self.tasks_per_epoch, seed=trainer.cfg.seed, rank=0, world_size=1)
+    d = getattr(trainer, "dist", None)
+    rank, world = (d.rank, d.world_size) if d is not None else ddp_share()
+    return tasks if world == 1 else ClassShare(tasks, rank, world)
 
 @patch
 def _set_lr(self: DMML, trainer):
@@ -199,7 +217,7 @@ def _set_lr(self: DMML, trainer):
 def training_step(self: DMML, trainer, images, labels) -> dict:
     "One episode: embed, split into meta-cells and queries, eq. (7), one optimiser step."
     if self.lr_decay: self._set_lr(trainer)
-    z = trainer.model(images)
+    z, labels = trainer.gather(trainer.model(images), labels)   # the whole episode under torchrun
     d, t = self.loss.episode(self.scale * z, labels)
     loss = episode_loss(d, t, self.loss.margin, self.loss.variant)
     if self.feature_penalty: loss = loss + self.feature_penalty * z.pow(2).sum(1).mean()
