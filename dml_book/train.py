@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/train.html.md"""
 
 # %% ../nbs/08_train.ipynb #f717d662
 from __future__ import annotations
-import json, os, platform, random, sys, time
+import json, os, platform, random, re, sys, time
 from dataclasses import dataclass, field, asdict, fields, replace
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
@@ -313,10 +313,11 @@ def environment() -> dict:
                 faiss=faiss.__version__, numpy=np.__version__, platform=platform.platform(),
                 cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 
+_METRIC = re.compile(r"R@\d+|NMI|F1|MAP@R|R-Precision|mAP|CMC@\d+")  # what `evaluate` and `reid_evaluate` return
+
 def _metrics(rec: dict, prefix: str = "") -> dict:
     "An epoch record's test metrics (`prefix=''`) or its validation metrics (`'val_'`, prefix removed)."
-    if prefix: return {k[len(prefix):]: v for k, v in rec.items() if k.startswith(prefix)}
-    return {k: v for k, v in rec.items() if k not in ("epoch", "step", "kind", "train_loss", "seconds") and not k.startswith("val_")}
+    return {k[len(prefix):]: v for k, v in rec.items() if k.startswith(prefix) and _METRIC.fullmatch(k[len(prefix):])}
 
 def select_epoch(epochs: list[dict], key: str = "val_R@1") -> dict | None:
     "The first epoch record with the highest `key` (None when no record has it)."
