@@ -9,83 +9,111 @@ from __future__ import annotations
 import re
 from pathlib import Path
 import numpy as np
+from fastcore.basics import patch
 from ..registry import DATASETS
 from .core import ImageFileDataset, DatasetNotFoundError
 
 # %% auto #0
-__all__ = ['IMAGE_SUFFIXES', 'REID_NAME', 'REID_SPLITS', 'parse_reid_name', 'read_reid_folder', 'Market1501', 'DukeMTMC',
-           'VeRi776']
+__all__ = ['IMAGE_SUFFIXES', 'REID_NAME', 'REID_SPLITS', 'parse_reid_name', 'read_reid_folder', 'ReidImageDataset', 'Market1501',
+           'DukeMTMC', 'VeRi776']
 
 # %% ../../nbs/01f_data.reid.ipynb #19382aaa
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp"}
 REID_NAME = re.compile(r"^(-?\d+)_c(\d+)")
 
-def parse_reid_name(name: str) -> tuple[int, int]:
+def parse_reid_name(name: str,                          # a file name, e.g. 0002_c1s1_000451_03.jpg
+                    pattern: re.Pattern = REID_NAME,    # its first two groups are the identity and the camera
+                   ) -> tuple[int, int]:
     "`(identity, camera)` from a Market-1501, DukeMTMC-reID or VeRi-776 file name."
-    m = REID_NAME.match(name)
+    m = pattern.match(name)
     if m is None: raise ValueError(f"{name!r} is not a re-identification file name like 0002_c1s1_000451_03.jpg")
     return int(m[1]), int(m[2])
 
 # %% ../../nbs/01f_data.reid.ipynb #2ac771db
-def read_reid_folder(folder: Path, layout: str) -> tuple[list[Path], np.ndarray, np.ndarray]:
-    "Image paths, identities and cameras of one re-id folder; junk (identity -1) and non-images left out."
+def read_reid_folder(folder: Path,                           # one split's folder
+                     layout: str,                            # the dataset's layout, shown if `folder` is missing
+                     pattern: re.Pattern = REID_NAME,        # reads (identity, camera) from a file name
+                     junk: frozenset[int] = frozenset({-1}), # identities left out
+                    ) -> tuple[list[Path], np.ndarray, np.ndarray]:
+    "Image paths, identities and cameras of one re-id folder; junk identities and non-images left out."
     if not folder.is_dir(): raise DatasetNotFoundError(f"expected {folder}, which is missing; the layout is:\n{layout}")
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
     parsed = []
     for p in files:
-        try: parsed.append((p, *parse_reid_name(p.name)))
+        try: parsed.append((p, *parse_reid_name(p.name, pattern)))
         except ValueError as e: raise ValueError(f"{p}: {e}") from None
-    kept = [(p, pid, cam) for p, pid, cam in parsed if pid != -1]
+    kept = [(p, pid, cam) for p, pid, cam in parsed if pid not in junk]
     return [p for p, *_ in kept], np.array([k[1] for k in kept], np.int64), np.array([k[2] for k in kept], np.int64)
+
+# %% ../../nbs/01f_data.reid.ipynb #cd028e6e
+REID_SPLITS = ("train", "query", "gallery")
+
+class ReidImageDataset(ImageFileDataset):
+    "Re-identification images, one folder per split, identity and camera in each file name; subclasses declare the layout."
+    protocol, splits, transform_preset, index = "reid", REID_SPLITS, "reid256x128", "file names"
+    split_folders: dict[str, str] = {}          # the folder of each split inside the dataset folder
+    name_format: str = ""                       # the file-name format, shown in error messages
+    name_pattern: re.Pattern = REID_NAME        # reads (identity, camera) from a file name
+    junk_ids: frozenset[int] = frozenset({-1})  # identities left out: boxes the evaluation ignores
+
+    def __init_subclass__(cls, **kwargs):
+        "Check `split_folders`; derive `marker` (the training folder) and `layout` unless the subclass declares them."
+        super().__init_subclass__(**kwargs)
+        if set(cls.split_folders) != set(REID_SPLITS):
+            raise TypeError(f"{cls.__name__}.split_folders must give the folder of each of {', '.join(REID_SPLITS)}; "
+                            f"got {cls.split_folders}")
+        subfolders = ", ".join(f"{cls.split_folders[s]}/" for s in REID_SPLITS)
+        if "marker" not in vars(cls): cls.marker = cls.split_folders["train"]
+        if "layout" not in vars(cls):
+            cls.layout = f"{cls.folders[0] if cls.folders else '<root>'}/{{{subfolders}}} with {cls.name_format}"
 
 # %% ../../nbs/01f_data.reid.ipynb #8285fcfd
 class _IdNames(dict):
     "Class names of identities: the zero-padded identity, for any identity asked for."
     def __missing__(self, pid: int) -> str: return f"{pid:04d}"
 
-def _read_index(self: ImageFileDataset, folder: Path, split: str):
-    paths, self.pids, self.camids = read_reid_folder(folder/self.split_folders[split], self.layout)
-    return paths, self.pids.tolist(), _IdNames()
-
-def _label_keys(self: ImageFileDataset, keys: list) -> list:
-    if self.split == "train": return sorted(set(keys))
-    test = [read_reid_folder(self.root/self.split_folders[s], self.layout)[1] for s in ("query", "gallery")]
-    return sorted(set(np.concatenate(test).tolist()))
+@patch
+def read_split(self: ReidImageDataset, folder: Path, split: str) -> tuple[list[Path], np.ndarray, np.ndarray]:
+    "Image paths, identities and cameras of `split` in the dataset folder `folder`."
+    return read_reid_folder(folder/self.split_folders[split], self.layout, self.name_pattern, self.junk_ids)
 
 # %% ../../nbs/01f_data.reid.ipynb #acb4b050
-REID_SPLITS = ("train", "query", "gallery")
+@patch
+def read_index(self: ReidImageDataset, folder: Path, split: str):
+    "Image paths, identities as class keys, and their names, of `split`; sets `.pids` and `.camids`."
+    paths, self.pids, self.camids = self.read_split(folder, split)
+    return paths, self.pids.tolist(), _IdNames()
 
+@patch
+def label_keys(self: ReidImageDataset, keys: list) -> list:
+    "Training: its own identities; query and gallery: the identities of both, one numbering."
+    if self.split == "train": return sorted(set(keys))
+    return sorted(set(np.concatenate([self.read_split(self.root, s)[1] for s in ("query", "gallery")]).tolist()))
+
+# %% ../../nbs/01f_data.reid.ipynb #948f28f8
 @DATASETS.register("market1501")
-class Market1501(ImageFileDataset):
+class Market1501(ReidImageDataset):
     "Market-1501 as `Market-1501-v15.09.15.zip` extracts; splits train / query / gallery."
-    protocol, splits, transform_preset = "reid", REID_SPLITS, "reid256x128"
-    folders, marker, index = ("Market-1501-v15.09.15", "Market-1501", "market1501"), "bounding_box_train", "file names"
+    folders = ("Market-1501-v15.09.15", "Market-1501", "market1501")
     split_folders = {"train": "bounding_box_train", "query": "query", "gallery": "bounding_box_test"}
-    layout = "Market-1501-v15.09.15/{bounding_box_train/, query/, bounding_box_test/} with <id>_c<cam>s<seq>_<frame>_<box>.jpg"
+    name_format = "<id>_c<cam>s<seq>_<frame>_<box>.jpg"
     source = ("Market-1501 (Zheng et al., ICCV 2015) is distributed through links on its authors' project page "
               "(Liang Zheng, 'Person Re-identification' project page), which have moved over the years; there is no stable "
               "URL to download from. Get Market-1501-v15.09.15.zip and extract it into root.")
-    read_index, label_keys = _read_index, _label_keys
 
-# %% ../../nbs/01f_data.reid.ipynb #948f28f8
+# %% ../../nbs/01f_data.reid.ipynb #7fcbb166
 @DATASETS.register("dukemtmc")
-class DukeMTMC(ImageFileDataset):
+class DukeMTMC(ReidImageDataset):
     "DukeMTMC-reID as `DukeMTMC-reID.zip` extracts; the Market-1501 layout."
-    protocol, splits, transform_preset = "reid", REID_SPLITS, "reid256x128"
-    folders, marker, index = ("DukeMTMC-reID",), "bounding_box_train", "file names"
-    split_folders = Market1501.split_folders
-    layout = "DukeMTMC-reID/{bounding_box_train/, query/, bounding_box_test/} with <id>_c<cam>_f<frame>.jpg"
+    folders, split_folders, name_format = ("DukeMTMC-reID",), Market1501.split_folders, "<id>_c<cam>_f<frame>.jpg"
     source = ("DukeMTMC (and DukeMTMC-reID, derived from it) was withdrawn by Duke University in 2019 and is no longer "
               "distributed. If you hold a copy under its original terms, extract DukeMTMC-reID.zip into root.")
-    read_index, label_keys = _read_index, _label_keys
 
 @DATASETS.register("veri776")
-class VeRi776(ImageFileDataset):
+class VeRi776(ReidImageDataset):
     "VeRi-776 as `VeRi.zip` extracts; `image_train/`, `image_query/`, `image_test/` (gallery)."
-    protocol, splits, transform_preset = "reid", REID_SPLITS, "reid256x128"
-    folders, marker, index = ("VeRi", "VeRi-776", "VeRi776"), "image_train", "file names"
+    folders = ("VeRi", "VeRi-776", "VeRi776")
     split_folders = {"train": "image_train", "query": "image_query", "gallery": "image_test"}
-    layout = "VeRi/{image_train/, image_query/, image_test/} with <id>_c<cam>_<frame>_<n>.jpg"
+    name_format = "<id>_c<cam>_<frame>_<n>.jpg"
     source = ("VeRi-776 (Liu et al., ICME 2016 / ECCV 2016) is released by its authors on request: see "
               "https://github.com/JDAI-CV/VeRidataset for how to apply. Extract the archive (folder VeRi/) into root.")
-    read_index, label_keys = _read_index, _label_keys
