@@ -6,7 +6,9 @@ Docs: https://dml-book.github.io/dml_book/metrics.html.md"""
 
 # %% ../nbs/06_metrics.ipynb #99096b8f
 from __future__ import annotations
+import operator
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator, Sequence
 import numpy as np
 import torch
@@ -14,8 +16,9 @@ import faiss
 from fastprogress.fastprogress import progress_bar
 
 # %% auto #0
-__all__ = ['DISTANCES', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu_available', 'knn_chunks', 'knn', 'first_hit',
-           'average_precision_at_r', 'kmeans_assign', 'contingency', 'nmi', 'pairwise_f1', 'evaluate']
+__all__ = ['DISTANCES', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu_available', 'gpu_ids', 'shard_gallery',
+           'search_shards', 'knn_chunks', 'knn', 'first_hit', 'average_precision_at_r', 'kmeans_assign', 'contingency',
+           'nmi', 'pairwise_f1', 'evaluate']
 
 # %% ../nbs/06_metrics.ipynb #6d030470
 def as_embeddings(x, name: str = "embeddings") -> np.ndarray:
@@ -55,30 +58,66 @@ def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 # %% ../nbs/06_metrics.ipynb #eef62809
+def gpu_ids(gpus: str | int | Sequence[int] | None = "all") -> list[int]:
+    "Ids of the GPUs `gpus` names: \"all\" that faiss sees (none: `[]`, the CPU), a count n (0 to n-1), a list, or None."
+    seen = faiss.get_num_gpus() if hasattr(faiss, "StandardGpuResources") else 0
+    if gpus is None: return []
+    if isinstance(gpus, str) and gpus == "all": return list(range(seen))
+    if isinstance(gpus, (str, bool)) or not isinstance(gpus, (int, np.integer, Sequence)):
+        raise TypeError(f"gpus={gpus!r}: pass \"all\", a number of GPUs, a list of GPU ids, or None for the CPU")
+    if isinstance(gpus, (int, np.integer)) and gpus < 0: raise ValueError(f"gpus={gpus} must not be negative")
+    ids = list(range(gpus)) if isinstance(gpus, (int, np.integer)) else [operator.index(i) for i in gpus]
+    if len(set(ids)) < len(ids): raise ValueError(f"gpus={gpus!r} names a GPU twice")
+    if any(not 0 <= i < seen for i in ids):
+        raise RuntimeError(f"gpus={gpus!r}, but faiss " + (f"sees {seen} GPU(s), ids 0 to {seen - 1}" if seen
+                           else "has no GPU support or sees no GPU"))
+    return ids
+
+# %% ../nbs/06_metrics.ipynb #2ab23201
 _GPU_MAX_K = 2048  # faiss' GPU k-selection handles k <= 2048
-_GPU_RES = None
+_GPU_RES: dict = {}  # one faiss.StandardGpuResources per GPU id, made on first use
 
-def _search(q: np.ndarray, g: np.ndarray, k: int, distance: str, use_gpu: bool):
-    "Exact (distances, indices) of the `k` nearest rows of `g` for each row of `q`."
-    metric = faiss.METRIC_L2 if distance == "euclidean" else faiss.METRIC_INNER_PRODUCT
-    if use_gpu and k <= _GPU_MAX_K:
-        global _GPU_RES
-        if _GPU_RES is None: _GPU_RES = faiss.StandardGpuResources()
-        return faiss.knn_gpu(_GPU_RES, q, g, k, metric=metric)
-    return faiss.knn(q, g, k, metric=metric)
+def _gpu_flat(part: np.ndarray, metric: int, device: int):
+    "An exact (flat) faiss index holding `part` on GPU `device`."
+    if device not in _GPU_RES: _GPU_RES[device] = faiss.StandardGpuResources()
+    cfg = faiss.GpuIndexFlatConfig()
+    cfg.device = int(device)
+    index = faiss.GpuIndexFlat(_GPU_RES[device], part.shape[1], metric, cfg)
+    index.add(part)
+    return index
 
-def _resolve_gpu(use_gpu: bool | None) -> bool:
-    if use_gpu is None: return gpu_available()
-    if use_gpu and not gpu_available(): raise RuntimeError("use_gpu=True but faiss has no GPU support or sees no GPU")
-    return bool(use_gpu)
+# %% ../nbs/06_metrics.ipynb #864e6f48
+def shard_gallery(g: np.ndarray,           # (G, D) gallery, as `prepare` returns it
+                  metric: int,             # faiss.METRIC_L2 or faiss.METRIC_INNER_PRODUCT
+                  devices: Sequence[int],  # one shard per device (fewer if G is smaller)
+                  make_shard=_gpu_flat,    # (rows, metric, device) -> faiss index holding those rows
+                 ) -> list[tuple[int, object]]:
+    "`g` cut into contiguous shards of near-equal size: `(first row, index)` per shard."
+    parts = np.array_split(g, min(len(devices), len(g)))
+    starts = np.cumsum([0] + [len(p) for p in parts[:-1]])
+    return [(int(s), make_shard(np.ascontiguousarray(p), metric, d)) for s, p, d in zip(starts, parts, devices)]
 
-# %% ../nbs/06_metrics.ipynb #14bbd5ed
+# %% ../nbs/06_metrics.ipynb #e90363f9
+def search_shards(shards: list[tuple[int, object]], q: np.ndarray, k: int, metric: int):
+    "Exact `(D, I)` of the `k` nearest gallery items over all `shards`, each searched in its own thread."
+    keep_max = metric == faiss.METRIC_INNER_PRODUCT
+    D = np.full((len(shards), len(q), k), -np.inf if keep_max else np.inf, np.float32)
+    I = np.full((len(shards), len(q), k), -1, np.int64)
+    def one(j):
+        start, index = shards[j]
+        kj = min(k, index.ntotal)
+        D[j, :, :kj], I[j, :, :kj] = index.search(q, kj)
+        I[j, :, :kj] += start
+    with ThreadPoolExecutor(len(shards)) as pool: list(pool.map(one, range(len(shards))))
+    return faiss.merge_knn_results(D, I, keep_max=keep_max)
+
+# %% ../nbs/06_metrics.ipynb #2ab78e39
 def knn_chunks(query,                          # (Q, D) query embeddings, tensor or array
                k: int,                         # neighbours per query
                gallery=None,                   # (G, D) gallery; None: the queries themselves, each query excluded
                distance: str = "euclidean",    # "euclidean" or "cosine", as the model was trained
-               max_memory: int = 256 * 2**20,  # bytes for one chunk's neighbour lists (48 per query and neighbour)
-               use_gpu: bool | None = None,    # None: a GPU if faiss has one; True: insist; False: CPU
+               max_memory: int = 256 * 2**20,  # bytes for one chunk's lists (48 per query and neighbour, 24 (n+1) on n GPUs)
+               gpus: str | int | Sequence[int] | None = "all",  # "all" (CPU if none), a count, GPU ids, or None: CPU
                progress: bool | None = None,   # progress bar; None: on when Q x G > 1e9
               ) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     "Yield `(start, D, I)`: the `k` nearest gallery items of queries `start:start+len(I)`, nearest first."
@@ -87,12 +126,15 @@ def knn_chunks(query,                          # (Q, D) query embeddings, tensor
     if q.shape[1] != g.shape[1]: raise ValueError(f"query has dimension {q.shape[1]}, gallery {g.shape[1]}")
     n_max = len(g) - (gallery is None)
     if not 1 <= k <= n_max: raise ValueError(f"k={k} must be between 1 and the gallery size {n_max}")
-    kk, use_gpu = int(k) + (gallery is None), _resolve_gpu(use_gpu)
-    step = int(max(1, min(len(q), max_memory // (48 * kk))))
+    kk, devices = int(k) + (gallery is None), gpu_ids(gpus)
+    metric = faiss.METRIC_L2 if distance == "euclidean" else faiss.METRIC_INNER_PRODUCT
+    shards = shard_gallery(g, metric, devices) if devices and kk <= _GPU_MAX_K else []
+    step = int(max(1, min(len(q), max_memory // (24 * (max(len(shards), 1) + 1) * kk))))
     starts = range(0, len(q), step)
     show = progress if progress is not None else len(q) * len(g) > 10**9
     for s in (progress_bar(starts, leave=False) if show else starts):
-        D, I = _search(q[s:s + step], g, kk, distance, use_gpu)
+        qs = q[s:s + step]
+        D, I = search_shards(shards, qs, kk, metric) if shards else faiss.knn(qs, g, kk, metric=metric)
         if gallery is None: D, I = _drop_self(D, I, s)
         yield s, D, I
 
@@ -127,13 +169,14 @@ def kmeans_assign(x,                          # (N, D) points
                   niter: int = 20,            # Lloyd iterations per run
                   nredo: int = 1,             # runs from different seeds; the one of lowest objective is kept
                   seed: int = 1234,           # faiss' default seed
-                  use_gpu: bool | None = None,  # None: a GPU if faiss has one
+                  gpus: str | int | Sequence[int] | None = "all",  # as in `knn_chunks`
                  ) -> np.ndarray:
     "Cluster index of each row of `x` after faiss k-means with `n_clusters` centroids."
-    x = as_embeddings(x)
+    x, devices = as_embeddings(x), gpu_ids(gpus)
     if not 1 <= n_clusters <= len(x): raise ValueError(f"cannot make {n_clusters} clusters of {len(x)} points")
     km = faiss.Kmeans(x.shape[1], n_clusters, niter=niter, nredo=nredo, seed=seed, verbose=False,
-                      min_points_per_centroid=1, gpu=_resolve_gpu(use_gpu))
+                      min_points_per_centroid=1)
+    if devices: km.index = faiss.index_cpu_to_gpus_list(km.index, gpus=devices)  # centroids on each, points split
     km.train(x)
     return km.index.search(x, 1)[1][:, 0]
 
@@ -201,7 +244,7 @@ def evaluate(embeddings,                       # (N, D) test embeddings (the que
              kmeans_niter: int = 20,           # k-means iterations (NMI, F1)
              kmeans_nredo: int = 1,            # k-means restarts
              seed: int = 1234,                 # k-means seed
-             use_gpu: bool | None = None,      # None: a GPU if faiss has one
+             gpus: str | int | Sequence[int] | None = "all",  # GPUs for search and k-means; None: the CPU
              progress: bool | None = None,     # progress bar over query chunks; None: on when N x G > 1e9
             ) -> dict[str, float]:
     "Recall@K, NMI, F1, MAP@R and R-Precision of `embeddings` (queries) against themselves or a `gallery`."
@@ -212,16 +255,16 @@ def evaluate(embeddings,                       # (N, D) test embeddings (the que
     g = gl = None
     if (gallery is None) != (gallery_labels is None): raise ValueError("pass both gallery and gallery_labels, or neither")
     if gallery is not None: g = as_embeddings(gallery, "gallery"); gl = as_labels(gallery_labels, len(g), "gallery_labels")
-    ks = sorted({int(k) for k in ks})
+    ks, gpus = sorted({int(k) for k in ks}), gpu_ids(gpus)
     n_gal = len(q) - 1 if g is None else len(g)
     if "R@K" in metrics and not 1 <= ks[0] <= ks[-1] <= n_gal:
         raise ValueError(f"every K in ks={ks} must be between 1 and the gallery size {n_gal}")
     out = {}
     if {"R@K", "MAP@R", "R-Precision"} & set(metrics):
         out = _retrieval(q, ql, g, gl if g is not None else ql, ks, metrics, distance, max_memory=max_memory,
-                         use_gpu=use_gpu, progress=progress)
+                         gpus=gpus, progress=progress)
     if "NMI" in metrics or "F1" in metrics:
-        c = kmeans_assign(prepare(q, distance), len(np.unique(ql)), kmeans_niter, kmeans_nredo, seed, use_gpu)
+        c = kmeans_assign(prepare(q, distance), len(np.unique(ql)), kmeans_niter, kmeans_nredo, seed, gpus)
         if "NMI" in metrics: out["NMI"] = nmi(ql, c)
         if "F1" in metrics: out["F1"] = pairwise_f1(ql, c)
     return out

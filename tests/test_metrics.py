@@ -1,13 +1,15 @@
 "Tests of dml_book.metrics and dml_book.reid_metrics against brute-force references and peer libraries."
 import warnings
 
+import faiss
 import numpy as np
 import pytest
 import torch
 from sklearn.metrics import normalized_mutual_info_score
 
+from dml_book import metrics
 from dml_book.metrics import (evaluate, reid_evaluate, flip_averaged_features, knn, kmeans_assign, nmi,
-                              pairwise_f1, gpu_available)
+                              pairwise_f1, gpu_available, gpu_ids, shard_gallery, search_shards)
 
 
 # ---------------------------------------------------------------- brute-force references
@@ -164,8 +166,8 @@ def test_bad_input_is_refused():
     with pytest.raises(TypeError, match="must be integers"):
         evaluate(x, y.astype(float))
     if not gpu_available():
-        with pytest.raises(RuntimeError, match="no GPU"):
-            evaluate(x, y, use_gpu=True)
+        with pytest.raises(RuntimeError, match="gpus=1, but faiss has no GPU support or sees no GPU"):
+            evaluate(x, y, gpus=1)
 
 
 def test_single_image_class_is_a_miss_in_recall_and_left_out_of_map_r():
@@ -255,8 +257,8 @@ def test_flip_averaged_features():
 def test_gpu_and_cpu_agree():
     rng = np.random.default_rng(9)
     x, y = rng.normal(size=(500, 16)).astype(np.float32), rng.integers(0, 20, 500)
-    cpu = evaluate(x, y, ks=(1, 4, 16), use_gpu=False)
-    gpu = evaluate(x, y, ks=(1, 4, 16), use_gpu=True)
+    cpu = evaluate(x, y, ks=(1, 4, 16), gpus=None)
+    gpu = evaluate(x, y, ks=(1, 4, 16), gpus=1)
     for k in ("R@1", "R@4", "R@16", "MAP@R", "R-Precision"):
         assert gpu[k] == pytest.approx(cpu[k], abs=1e-3)
 
@@ -271,3 +273,165 @@ def test_metric_selection():
         assert list(evaluate(x, y, ks=(3, 1), metrics=("R@K",))) == ["R@1", "R@3"]
     with pytest.raises(ValueError, match=r"unknown metrics \['recall'\]"):
         evaluate(x, y, metrics=("recall",))
+
+
+@pytest.mark.skipif(not gpu_available() or faiss.get_num_gpus() < 2, reason="needs a GPU build of faiss and 2+ GPUs")
+def test_all_gpus_and_one_gpu_agree():
+    rng = np.random.default_rng(9)
+    x, g = rng.normal(size=(300, 16)).astype(np.float32), rng.normal(size=(1001, 16)).astype(np.float32)
+    for distance in ("euclidean", "cosine"):
+        d1, i1 = knn(x, 600, g, distance, gpus=1, max_memory=2**20)
+        dn, i_n = knn(x, 600, g, distance, gpus="all", max_memory=2**20)
+        np.testing.assert_allclose(dn, d1, atol=1e-4)
+        assert (i_n == i1).mean() > 0.999  # ties and float rounding aside
+
+
+# ---------------------------------------------------------------- several GPUs, simulated on the CPU
+def cpu_flat(part, metric, device):
+    index = faiss.IndexFlat(part.shape[1], metric)
+    index.add(part)
+    return index
+
+
+@pytest.fixture
+def three_gpus(monkeypatch):
+    "faiss as if it saw 3 GPUs; each 'GPU' flat index is a CPU `IndexFlat`. Returns the (device, index) made."
+    made = []
+
+    class Config:
+        device = -1
+
+    def gpu_index_flat(res, d, metric, cfg):
+        assert isinstance(res, FakeResources)
+        made.append((cfg.device, faiss.IndexFlat(d, metric)))
+        return made[-1][1]
+
+    class FakeResources:
+        pass
+
+    def to_gpus(index, co=None, gpus=None, ngpu=-1):
+        made.append(("kmeans", list(gpus)))
+        return index  # the CPU index: same assignment as without GPUs
+
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 3)
+    monkeypatch.setattr(faiss, "StandardGpuResources", FakeResources, raising=False)
+    monkeypatch.setattr(faiss, "GpuIndexFlatConfig", Config, raising=False)
+    monkeypatch.setattr(faiss, "GpuIndexFlat", gpu_index_flat, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_gpus_list", to_gpus, raising=False)
+    monkeypatch.setattr(faiss, "knn_gpu", lambda *a, **kw: pytest.fail("knn_gpu called"), raising=False)
+    monkeypatch.setattr(metrics, "_GPU_RES", {})
+    return made
+
+
+def brute_knn(x, k, g=None, distance="euclidean"):
+    "Nearest-first gallery indices and distances from a float64 distance matrix (the query excluded if g is None)."
+    d = brute_distances(x, x if g is None else g, distance)
+    if g is None:
+        np.fill_diagonal(d, np.inf)
+    order = np.argsort(d, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(d, order, 1), order
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("single_set", [False, True])
+def test_sharded_search_equals_one_index_and_brute_force(three_gpus, distance, single_set):
+    rng = np.random.default_rng(11)
+    g = rng.normal(size=(70, 8)).astype(np.float32)  # 3 shards of 24, 23, 23: k = 30 exceeds each
+    x = g if single_set else rng.normal(size=(45, 8)).astype(np.float32)
+    gal = None if single_set else g
+    d_all, i_all = knn(x, 30, gal, distance, max_memory=24 * 4 * 31 * 7)  # gpus="all": 3 shards, chunks of 7
+    assert [(dev, index.ntotal) for dev, index in three_gpus] == [(0, 24), (1, 23), (2, 23)]  # built once
+    d_cpu, i_cpu = knn(x, 30, gal, distance, gpus=None, max_memory=24 * 4 * 31 * 7)
+    assert len(three_gpus) == 3  # gpus=None built nothing
+    np.testing.assert_array_equal(i_all, i_cpu)
+    np.testing.assert_array_equal(d_all, d_cpu)
+    d_ref, i_ref = brute_knn(x, 30, gal, distance)
+    np.testing.assert_array_equal(i_all, i_ref)
+    if distance == "euclidean":
+        np.testing.assert_allclose(np.sqrt(np.maximum(d_all, 0)), d_ref, atol=1e-5)
+    else:
+        np.testing.assert_allclose(1 - d_all, d_ref, atol=1e-5)
+    if single_set:
+        assert not (i_all == np.arange(70)[:, None]).any()
+
+
+@pytest.mark.parametrize("metric", [faiss.METRIC_L2, faiss.METRIC_INNER_PRODUCT])
+def test_sharded_search_with_ties_across_shards(metric):
+    "Each gallery row three times, the copies in different shards: same distances, same sets up to the k-th distance."
+    rng = np.random.default_rng(12)
+    base = rng.normal(size=(17, 5)).astype(np.float32)
+    g, q = np.concatenate([base] * 3), rng.normal(size=(20, 5)).astype(np.float32)  # 51 rows, shards of 13
+    for k in (7, 20, 51):
+        d, i = search_shards(shard_gallery(g, metric, [0, 1, 2, 3], cpu_flat), q, k, metric)
+        d1, i1 = faiss.knn(q, g, k, metric=metric)
+        np.testing.assert_array_equal(d, d1)
+        assert (i >= 0).all() and all(len(set(row)) == k for row in i)  # k distinct gallery items
+        assert (i % 17 == i1 % 17).all()  # the same base vector at every rank: tied copies only swap
+        for r in range(len(q)):  # everything strictly closer than the k-th distance is the same set
+            closer = (d[r] < d[r, -1]) if metric == faiss.METRIC_L2 else (d[r] > d[r, -1])
+            assert set(i[r][closer]) == set(i1[r][closer])
+
+
+def test_sharded_evaluate_and_kmeans_equal_the_cpu(three_gpus):
+    rng = np.random.default_rng(13)
+    y = np.repeat(np.arange(12), 9)[:101]
+    x = rng.normal(size=(12, 8))[y] + rng.normal(size=(101, 8))
+    on_gpus = evaluate(x, y, ks=(1, 4, 40), max_memory=5_000)
+    devices = [dev for dev, _ in three_gpus]
+    assert devices == [0, 1, 2, "kmeans"] and three_gpus[-1][1] == [0, 1, 2]
+    assert evaluate(x, y, ks=(1, 4, 40), max_memory=5_000, gpus=None) == on_gpus
+    assert len(three_gpus) == 4
+    assert on_gpus == pytest.approx({**brute_retrieval(x, y, (1, 4, 40)), "NMI": on_gpus["NMI"], "F1": on_gpus["F1"]},
+                                    abs=1e-12)
+    three_gpus.clear()
+    evaluate(x, y, ks=(1,), gpus=[2, 0])
+    assert three_gpus[:2] == [(2, three_gpus[0][1]), (0, three_gpus[1][1])] and three_gpus[2] == ("kmeans", [2, 0])
+    assert [index.ntotal for _, index in three_gpus[:2]] == [51, 50]
+
+
+def test_gpus_argument(three_gpus):
+    assert gpu_ids() == [0, 1, 2] and gpu_ids(2) == [0, 1] and gpu_ids([2, 1]) == [2, 1]
+    assert gpu_ids(None) == gpu_ids(0) == gpu_ids([]) == []
+    with pytest.raises(RuntimeError, match=r"gpus=4, but faiss sees 3 GPU\(s\), ids 0 to 2"):
+        gpu_ids(4)
+    with pytest.raises(RuntimeError, match="sees 3 GPU"):
+        knn(np.eye(4), 1, gpus=[3])
+    with pytest.raises(ValueError, match="names a GPU twice"):
+        evaluate(np.eye(4), [0, 0, 1, 1], gpus=[1, 1])
+    with pytest.raises(TypeError, match='pass "all", a number of GPUs'):
+        gpu_ids(True)
+    with pytest.raises(TypeError, match='pass "all", a number of GPUs'):
+        gpu_ids("cuda")
+    with pytest.raises(TypeError):
+        gpu_ids([0.5])
+    with pytest.raises(ValueError, match="must not be negative"):
+        gpu_ids(-1)
+    assert three_gpus == []  # refused before any index was built
+
+
+def test_k_above_the_gpu_limit_runs_on_the_cpu(three_gpus):
+    rng = np.random.default_rng(14)
+    x, g = rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=(2100, 2)).astype(np.float32)
+    d, i = knn(x, 2049, g)
+    assert three_gpus == []
+    np.testing.assert_array_equal(i, brute_knn(x, 2049, g)[1])
+    knn(x, 2048, g)
+    assert [dev for dev, _ in three_gpus] == [0, 1, 2]
+
+
+def test_without_gpus_nothing_gpu_is_touched(monkeypatch):
+    def touched(*args, **kwargs):
+        raise AssertionError("a GPU entry point was called")
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0)
+    for name in ("StandardGpuResources", "GpuIndexFlat", "GpuIndexFlatConfig", "index_cpu_to_gpus_list",
+                 "index_cpu_to_all_gpus", "knn_gpu"):
+        monkeypatch.setattr(faiss, name, touched, raising=False)
+    monkeypatch.setattr(metrics, "_GPU_RES", {})
+    rng = np.random.default_rng(15)
+    x, y = rng.normal(size=(60, 4)), rng.integers(0, 6, 60)
+    res = evaluate(x, y, ks=(1, 5))  # gpus="all" with no GPU: the CPU
+    assert res == pytest.approx({**brute_retrieval(x, y, (1, 5)), "NMI": res["NMI"], "F1": res["F1"]}, abs=1e-12)
+    assert res == evaluate(x, y, ks=(1, 5), gpus=None)
+    assert metrics._GPU_RES == {}
+    with pytest.raises(RuntimeError, match="gpus=1, but faiss has no GPU support or sees no GPU"):
+        evaluate(x, y, gpus=1)
