@@ -12,7 +12,7 @@ from dml_book.methods.dcml import DCML
 from dml_book.methods.pads import PADS
 from dml_book.methods.dmml import DMML, ClassShare
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py: one thread, dtype restored after each test
 N_CLASSES, PER_CLASS = 4, 4   # the global batch: 4 classes x 4 images
 
 
@@ -133,10 +133,8 @@ def moved(res, prefix):
 
 
 def single_process(fn, *args):
-    "Run `fn(0, 1, *args)` here, in float64, restoring the default dtype."
-    prev = torch.get_default_dtype()
-    try: fn(0, 1, *args)
-    finally: torch.set_default_dtype(prev)
+    "Run `fn(0, 1, *args)` here (it switches to float64; the `one_thread` fixture restores the default dtype)."
+    fn(0, 1, *args)
 
 
 @pytest.mark.parametrize("name,fn", [("hdml", hdml_step), ("dcml", dcml_step), ("pads", pads_step), ("dmml", dmml_step)])

@@ -8,7 +8,7 @@ from dml_book.methods.hdml import (HDML, Generator, WindowAverage, grouped_npair
                                    triplet_synthesis)
 from dml_book.train import Trainer, TrainConfig, train
 
-torch.set_num_threads(1)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py: one thread, restored after each test
 
 
 def augment_loop(z, z_neg, d_ref, lam):
