@@ -71,7 +71,7 @@ def train_command(args) -> int:
     trainer = Trainer(cfg)
     final = trainer.fit()
     if not trainer.dist.is_main: return 0   # under torchrun, rank 0 reports
-    print(f"\n{cfg.method} / {cfg.loss} on {cfg.dataset}, {cfg.epochs} epochs (unseen test classes):")
+    print(f"\n{cfg.method} / {trainer.method.own_loss or cfg.loss} on {cfg.dataset}, {cfg.epochs} epochs (unseen test classes):")
     print(results_table(trainer.history[0], final))
     print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt" + (", umap.png" if cfg.umap else ""))
     return 0

@@ -8,7 +8,6 @@ Docs: https://dml-book.github.io/dml_book/models.html.md"""
 from __future__ import annotations
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
-import torchvision
 
 # %% auto #0
 __all__ = ['BACKBONES', 'EmbeddingHead', 'EmbeddingNet', 'SmallCNN', 'PretrainedWeightsUnavailable', 'torchvision_backbone',
@@ -51,6 +50,7 @@ class PretrainedWeightsUnavailable(RuntimeError):
     "ImageNet weights could not be downloaded and no local file was given."
 
 def _weights_error(name, err):
+    import torchvision
     url = torchvision.models.get_model_weights(name).DEFAULT.url
     return PretrainedWeightsUnavailable(
         f"could not download the ImageNet weights of {name} ({type(err).__name__}: {err}). Offline? Download {url} on "
@@ -60,6 +60,7 @@ def _weights_error(name, err):
 # %% ../nbs/07_models.ipynb #f355b828
 def torchvision_backbone(name: str, pretrained: bool = False, weights_path: str | Path | None = None) -> nn.Module:
     "A torchvision classifier without its last layer, optionally with ImageNet weights (downloaded or from a file)."
+    import torchvision   # imported on use: it takes seconds, and SmallCNN runs without it
     if name not in BACKBONES: raise ValueError(f"unknown backbone {name!r}; choose from: smallcnn, {', '.join(BACKBONES)}")
     kw = dict(aux_logits=False, init_weights=False) if name == "googlenet" else {}
     weights = None

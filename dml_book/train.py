@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/train.html.md"""
 
 # %% ../nbs/08_train.ipynb #f717d662
 from __future__ import annotations
-import json, os, platform, random, re, sys, time
+import inspect, json, os, platform, random, re, sys, time
 from dataclasses import dataclass, field, asdict, fields, replace
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
@@ -27,6 +27,7 @@ class TrainConfig:
     "Everything a training run depends on."
     dataset: str = "glyphs"          # a registered dataset: glyphs, digits, cub200, cars196, sop, market1501, veri776 ...
     data_root: str | None = None     # folder holding the dataset (built-in data: its cache folder)
+    dataset_kwargs: dict = field(default_factory=dict) # its constructor arguments, e.g. {"size": 16} for smaller glyphs
     backbone: str = "smallcnn"       # smallcnn, resnet18, resnet50 or googlenet
     embedding_dim: int = 64          # size of the embedding
     normalize: bool = True           # L2-normalise embeddings
@@ -104,7 +105,12 @@ def _load_registries():
 
 def _build_split(cfg, split: str, train: bool):
     cls = DATASETS.get(cfg.dataset)
-    return cls(cfg.data_root, split, transform=cls.default_transform(train))
+    try: return cls(cfg.data_root, split, transform=cls.default_transform(train), **cfg.dataset_kwargs)
+    except TypeError as e:
+        if not cfg.dataset_kwargs or "argument" not in str(e): raise
+        accepted = [p for p in inspect.signature(cls).parameters if p not in ("root", "split", "transform")]
+        raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
+                          f"it accepts: {', '.join(accepted) or 'none'}") from None
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
@@ -113,8 +119,8 @@ class Trainer:
         _load_registries(); seed_everything(cfg.seed)
         self.dist = init_distributed()  # under torchrun: rank, world size (see `dml_book.distributed`)
         self.device, self.out = resolve_device(cfg.device, self.dist.local_rank), Path(cfg.out)
-        self._build_data(); self._build_model()
         self.method = METHODS.get(cfg.method)(**cfg.method_kwargs)
+        self._build_data(); self._build_model()
         self.method.setup(self)
         self.model.to(self.device); self.method.to(self.device)
         self.optimizer = torch.optim.Adam(self.param_groups(), weight_decay=cfg.weight_decay)
@@ -139,11 +145,22 @@ def _build_model(self: Trainer):
     cfg = self.cfg
     self.model = build_model(cfg.backbone, cfg.embedding_dim, cfg.pretrained, cfg.weights_path, cfg.normalize,
                              in_channels=self.train_ds[0][0].shape[0])
+    if self.method.own_loss: return self._use_method_loss()
     loss_cls, kw = LOSSES.get(cfg.loss), dict(cfg.loss_kwargs)
     if getattr(loss_cls, "uses_proxies", False):
         kw.setdefault("num_classes", len(self.train_ds.class_names)); kw.setdefault("embedding_size", cfg.embedding_dim)
     self.loss_fn = loss_cls(**kw).to(self.device)
     self.miner = MINERS.get(cfg.miner)(**cfg.miner_kwargs) if cfg.miner else None
+
+@patch
+def _use_method_loss(self: Trainer):
+    "The method's own objective as `loss_fn`; a loss, loss arguments or a miner in the configuration would go unused."
+    cfg, default = self.cfg, TrainConfig()
+    given = [f"{k}={getattr(cfg, k)!r}" for k in ("loss", "loss_kwargs", "miner", "miner_kwargs")
+             if getattr(cfg, k) != getattr(default, k)]
+    if given: raise ConfigError(f"method {cfg.method!r} trains with its own {self.method.own_loss}; "
+                                f"{', '.join(given)} would be ignored: leave them unset")
+    self.loss_fn, self.miner = self.method.loss.to(self.device), None
 
 # %% ../nbs/08_train.ipynb #5284bb9f
 @patch
@@ -203,6 +220,13 @@ def embed_dataset(self: Trainer, ds, batch_size: int = 256) -> tuple[torch.Tenso
     return gather_shards(emb).cpu(), np.asarray(ds.labels)
 
 @patch
+def faiss_gpus(self: Trainer):
+    "GPUs for faiss's search: none on a CPU run, this rank's own under torchrun (the others hold their ranks' memory), else all."
+    import faiss
+    if self.device.type != "cuda" or faiss.get_num_gpus() == 0: return None   # a CPU build of faiss: its CPU search
+    return [self.device.index or 0] if self.dist.enabled else "all"
+
+@patch
 def evaluate(self: Trainer) -> dict:
     "Test metrics of the current model (computed by rank 0 and shared under torchrun)."
     from dml_book.metrics import evaluate, reid_evaluate
@@ -213,7 +237,7 @@ def evaluate(self: Trainer) -> dict:
     else:
         emb, labels = self.embed_dataset(self.test_ds)
         self.last_embedding = (emb, labels)
-        res = evaluate(emb, labels, ks=tuple(self.cfg.ks)) if self.dist.is_main else None
+        res = evaluate(emb, labels, ks=tuple(self.cfg.ks), gpus=self.faiss_gpus()) if self.dist.is_main else None
     return broadcast_object(res) if self.dist.enabled else res
 
 @patch
@@ -222,7 +246,8 @@ def validate(self: Trainer) -> dict:
     from dml_book.metrics import evaluate
     if self.val_ds is None: return {}
     emb, labels = self.embed_dataset(self.val_ds)
-    res = {f"val_{k}": v for k, v in evaluate(emb, labels, ks=tuple(self.cfg.ks)).items()} if self.dist.is_main else None
+    res = {f"val_{k}": v for k, v in evaluate(emb, labels, ks=tuple(self.cfg.ks), gpus=self.faiss_gpus()).items()} \
+          if self.dist.is_main else None
     return broadcast_object(res) if self.dist.enabled else res
 
 # %% ../nbs/08_train.ipynb #b933d86f
@@ -308,8 +333,9 @@ def run_epoch(self: Trainer) -> dict:
 # %% ../nbs/08_train.ipynb #556a89f2
 def environment() -> dict:
     "Versions and device of this run."
-    import torchvision, faiss
-    return dict(python=platform.python_version(), torch=torch.__version__, torchvision=torchvision.__version__,
+    import faiss
+    from importlib.metadata import version   # torchvision's version without importing it (seconds)
+    return dict(python=platform.python_version(), torch=torch.__version__, torchvision=version("torchvision"),
                 faiss=faiss.__version__, numpy=np.__version__, platform=platform.platform(),
                 cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
 

@@ -245,3 +245,15 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.005)
     for k, v in a["model"].items():
         torch.testing.assert_close(resumed.model.state_dict()[k], v, rtol=0, atol=0)
+
+
+def test_trainer_uses_the_meta_cell_loss_and_refuses_a_configured_one(tmp_path):
+    "DMML trains with its own objective: the trainer's loss_fn is the method's, and a loss or miner in the config is refused."
+    from dml_book.train import ConfigError, Trainer, TrainConfig
+    kw = dict(dataset="digits", method="dmml", epochs=1, out=str(tmp_path), method_kwargs=dict(n_classes=2, n_support=2))
+    trainer = Trainer(TrainConfig(**kw))
+    assert trainer.loss_fn is trainer.method.loss and trainer.miner is None
+    for bad, named in ((dict(loss="contrastive"), "loss='contrastive'"), (dict(miner="batchhard"), "miner='batchhard'"),
+                       (dict(loss_kwargs={"margin": 0.3}), "loss_kwargs={'margin': 0.3}")):
+        with pytest.raises(ConfigError, match="own meta-cell loss") as e: Trainer(TrainConfig(**kw, **bad))
+        assert named in str(e.value)

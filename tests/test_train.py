@@ -1,7 +1,7 @@
 "The training run as a user meets it: `dml-book train`, killed mid-epoch and resumed, and its one-line errors."
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
-import pytest
+import numpy as np, pytest
 
 ARGS = ["--dataset", "digits", "--embedding-dim", "16", "--batch-size", "40", "--m-per-class", "8", "--epochs", "2",
         "--max-steps-per-epoch", "12", "--no-umap", "--no-progress"]
@@ -40,3 +40,30 @@ def test_resuming_with_another_configuration_is_refused(tmp_path):
     p = _cli(*ARGS, "--epochs", "1", "--out", str(tmp_path)); p.communicate()
     p = _cli(*ARGS, "--lr-head", "0.5", "--out", str(tmp_path)); out, err = p.communicate()
     assert p.returncode == 2 and "different configuration (differs in: lr_head)" in err
+
+
+def test_dataset_kwargs_reach_the_dataset_and_bad_ones_are_named(tmp_path):
+    "`dataset_kwargs` are the dataset's constructor arguments (16-pixel glyphs); an unknown one lists those it accepts."
+    from dml_book.train import Trainer, TrainConfig
+    trainer = Trainer(TrainConfig(dataset="glyphs", dataset_kwargs={"size": 16, "per_font": 1}, out=str(tmp_path/"a")))
+    assert trainer.train_ds[0][0].shape == (1, 16, 16) and trainer.test_ds[0][0].shape == (1, 16, 16)
+    per_class = np.bincount(trainer.test_ds.labels)
+    from dml_book.data.builtin import GLYPH_FONTS
+    assert (per_class == len(GLYPH_FONTS)).all()                          # one copy of each class in each font
+    p = _cli(*ARGS, "--dataset-kwargs", '{"sizee": 16}', "--out", str(tmp_path/"b")); out, err = p.communicate()
+    assert p.returncode == 2 and "dataset 'digits' does not take dataset_kwargs {'sizee': 16}; it accepts: download" in err
+    assert not (tmp_path/"b").exists() or not any((tmp_path/"b").iterdir())
+
+
+def test_faiss_gpus_follow_the_run(monkeypatch):
+    "faiss searches on the CPU for a CPU run or a CPU build, on this rank's GPU under torchrun, else on every GPU."
+    from types import SimpleNamespace as NS
+    import faiss, torch
+    from dml_book.train import Trainer
+    run = lambda device, ddp: NS(device=torch.device(device), dist=NS(enabled=ddp))
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 4)
+    assert Trainer.faiss_gpus(run("cpu", False)) is None and Trainer.faiss_gpus(run("cpu", True)) is None
+    assert Trainer.faiss_gpus(run("cuda:2", True)) == [2] and Trainer.faiss_gpus(run("cuda", True)) == [0]
+    assert Trainer.faiss_gpus(run("cuda:0", False)) == "all"
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0)
+    assert Trainer.faiss_gpus(run("cuda:1", True)) is None and Trainer.faiss_gpus(run("cuda", False)) is None

@@ -17,6 +17,7 @@ __all__ = ['Method', 'Baseline']
 class Method(nn.Module):
     "A DML method: owns its extra modules and state, and performs one training iteration."
     presets: dict[str, dict] = {}   # preset name -> TrainConfig overrides (incl. method_kwargs)
+    own_loss: str | None = None     # name of the method's own objective (kept as `self.loss`) when it replaces the configured loss
 
     def setup(self, trainer): "Build own modules and optimisers; may replace `trainer.model.head`."
     def batch_sampler(self, trainer): "A batch sampler over `trainer.train_ds`, or None for class-balanced batches."

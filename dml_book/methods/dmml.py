@@ -157,6 +157,7 @@ def dmml_lr_factor(epoch: int, # 0-based epoch
 @METHODS.register("dmml")
 class DMML(Method):
     "Deep meta metric learning (Chen et al., ICCV 2019): episodes of meta-cells and the set-distance softmax, eq. (7)."
+    own_loss = "meta-cell loss, eq. (7)"   # trains with `self.loss`, not the configured loss
     def __init__(self, n_classes: int = 32, # M, classes per episode
                  n_support: int = 5, # support images per class: the meta-cell
                  n_query: int = 1, # query images per class
