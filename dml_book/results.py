@@ -101,7 +101,7 @@ def read_published(path) -> pd.DataFrame:
 
 # %% ../nbs/11_results.ipynb #238bf198
 def comparison_table(summary: pd.DataFrame, published: pd.DataFrame | None = None, metrics=("R@1",)) -> pd.DataFrame:
-    "Ours (mean ± std over seeds, percent) per variant and metric; the published figures per method, dataset and metric below."
+    "Ours (mean ± std over seeds, percent) per variant and metric; the published figures below ('—': not reported)."
     ours = summary[summary.metric.isin(metrics)].copy()
     ours["value"] = [f"{100*m:.1f} ± {100*s:.1f}" if not math.isnan(s) else f"{100*m:.1f}" for m, s in zip(ours["mean"], ours["std"])]
     ours = ours.pivot_table(index="variant", columns="metric", values="value", aggfunc="first", sort=False)
@@ -110,7 +110,7 @@ def comparison_table(summary: pd.DataFrame, published: pd.DataFrame | None = Non
     pub = published[published.metric.isin(metrics)]
     pub = pub.pivot_table(index=["method", "dataset"], columns="metric", values="value", aggfunc="first", sort=False)
     pub.index = [f"published: {m} ({d})" for m, d in pub.index]
-    return pd.concat([ours, pub.map(lambda v: f"{v:.1f}")])[[m for m in metrics if m in ours.columns or m in pub.columns]]
+    return pd.concat([ours, pub.map(lambda v: "—" if pd.isna(v) else f"{v:.1f}")])[[m for m in metrics if m in ours.columns or m in pub.columns]]
 
 # %% ../nbs/11_results.ipynb #c416f6ff
 class ExperimentError(ValueError):

@@ -38,7 +38,8 @@ def plot_umap(embeddings, labels, title: str = "", max_points: int = 4000, seed:
     y = np.asarray(labels)
     if len(x) != len(y): raise ValueError(f"{len(x)} embeddings but {len(y)} labels")
     keep = np.random.default_rng(seed).permutation(len(x))[:max_points]
-    xy = umap.UMAP(n_neighbors=15, min_dist=0.1, random_state=seed).fit_transform(x[keep])
+    reducer = umap.UMAP(n_neighbors=15, min_dist=0.1, random_state=seed, n_jobs=1)  # a seed means one thread anyway
+    xy = reducer.fit_transform(x[keep])
     ax = ax or plt.subplots(figsize=(5, 5))[1]
     ax.scatter(xy[:, 0], xy[:, 1], c=y[keep], cmap="nipy_spectral", s=4, alpha=0.8)
     ax.set(xticks=[], yticks=[], title=title)
