@@ -82,14 +82,17 @@ def shard(n: int, rank: int, world_size: int) -> np.ndarray:
     "Indices of rank `rank`'s contiguous share of `range(n)`."
     return np.array_split(np.arange(n), world_size)[rank]
 
-def gather_shards(x: torch.Tensor) -> torch.Tensor:
-    "Every rank's rows of `x`, concatenated in rank order (shares may differ in length)."
+def gather_shards(x: torch.Tensor, dst: int | None = None) -> torch.Tensor | None:
+    "Every rank's rows of `x` in rank order (shares may differ in length): on every rank, or on `dst` (None elsewhere)."
     if not dist.is_initialized() or dist.get_world_size() == 1: return x
     n = torch.tensor([len(x)], device=x.device); sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, n); m = int(max(sizes))
     padded = torch.zeros((m, *x.shape[1:]), dtype=x.dtype, device=x.device); padded[:len(x)] = x
-    parts = [torch.empty_like(padded) for _ in sizes]; dist.all_gather(parts, padded)
-    return torch.cat([p[:int(s)] for p, s in zip(parts, sizes)])
+    receives = dst is None or dist.get_rank() == dst
+    parts = [torch.empty_like(padded) for _ in sizes] if receives else None
+    if dst is None: dist.all_gather(parts, padded)
+    else: dist.gather(padded, parts, dst=dst)
+    return torch.cat([p[:int(s)] for p, s in zip(parts, sizes)]) if receives else None
 
 def broadcast_object(obj, src: int = 0):
     "Rank `src`'s `obj` on every rank."

@@ -209,7 +209,7 @@ def _hold_out_validation(self: Trainer):
 @patch
 @torch.no_grad()
 def embed_dataset(self: Trainer, ds, batch_size: int = 256) -> tuple[torch.Tensor, np.ndarray]:
-    "Embeddings (on the CPU) and labels of every item of `ds`, in order."
+    "Embeddings (on the CPU; under torchrun on rank 0, None elsewhere) and labels of every item of `ds`, in order."
     was_training = self.model.training; self.model.eval(); self.method.eval()
     if self.dist.enabled: broadcast_state(self.model)   # every share embedded with rank 0's batch-norm statistics
     part = torch.utils.data.Subset(ds, shard(len(ds), self.dist.rank, self.dist.world_size)) if self.dist.enabled else ds
@@ -217,7 +217,8 @@ def embed_dataset(self: Trainer, ds, batch_size: int = 256) -> tuple[torch.Tenso
     embs = [self.method.embed(self, x.to(self.device)).float() for x, _ in loader]
     emb = torch.cat(embs) if embs else torch.zeros(0, self.model.embedding_dim, device=self.device)
     self.model.train(was_training); self.method.train(was_training)
-    return gather_shards(emb).cpu(), np.asarray(ds.labels)
+    emb = gather_shards(emb, dst=0)   # under torchrun only rank 0, which computes the metrics, holds them all
+    return (emb.cpu() if emb is not None else None), np.asarray(ds.labels)
 
 @patch
 def faiss_gpus(self: Trainer):

@@ -4,7 +4,7 @@ from pathlib import Path
 from types import SimpleNamespace
 import numpy as np, pytest, torch, torch.nn as nn, torch.nn.functional as F
 import torch.distributed as dist
-from dml_book.distributed import gather_batch, sync_optimizer, broadcast_state, run_local
+from dml_book.distributed import gather_batch, gather_shards, sync_optimizer, broadcast_state, run_local
 from dml_book.losses import ContrastiveLoss, TripletLoss, ProxyAnchorLoss
 from dml_book.miners import SemiHardMiner, DistanceWeightedMiner
 from dml_book.methods.base import Baseline
@@ -84,8 +84,23 @@ def test_sharded_evaluation_equals_single_process_on_an_odd_sized_split(tmp_path
     assert len(single["emb"]) % 2 == 1
     for rank in range(2):
         multi = torch.load(tmp_path/f"eval-2-{rank}.pt")
-        torch.testing.assert_close(multi["emb"], single["emb"], atol=1e-6, rtol=0)
-        assert multi["metrics"] == single["metrics"]
+        assert multi["metrics"] == single["metrics"]                  # rank 0's metrics, broadcast
+    torch.testing.assert_close(torch.load(tmp_path/"eval-2-0.pt")["emb"], single["emb"], atol=1e-6, rtol=0)
+    assert torch.load(tmp_path/"eval-2-1.pt")["emb"] is None          # gathered on rank 0 only
+
+
+def gathered_shares(rank: int, out: str):
+    x = torch.arange(3 * (rank + 2), dtype=torch.float32).reshape(-1, 3) + 100 * rank   # 2 rows, then 3: uneven
+    torch.save(dict(all=gather_shards(x), to0=gather_shards(x, dst=0), to1=gather_shards(x, dst=1)), f"{out}/shares-{rank}.pt")
+
+
+def test_gather_shards_everywhere_or_on_one_rank(tmp_path):
+    run_local(gathered_shares, 2, str(tmp_path))
+    whole = torch.cat([torch.arange(6.).reshape(2, 3), torch.arange(9.).reshape(3, 3) + 100])
+    r0, r1 = (torch.load(tmp_path/f"shares-{r}.pt") for r in range(2))
+    torch.testing.assert_close(r0["all"], whole); torch.testing.assert_close(r1["all"], whole)
+    torch.testing.assert_close(r0["to0"], whole); assert r1["to0"] is None
+    torch.testing.assert_close(r1["to1"], whole); assert r0["to1"] is None
 
 
 def test_torchrun_training_resumes_in_a_single_process(tmp_path):
