@@ -8,6 +8,7 @@ Docs: https://dml-book.github.io/dml_book/cli.html.md"""
 from __future__ import annotations
 import argparse, json, sys
 from dataclasses import fields, asdict
+from pathlib import Path
 from fastcore.imports import in_notebook
 from .registry import UnknownNameError
 from .models import PretrainedWeightsUnavailable
@@ -15,7 +16,7 @@ from .train import TrainConfig, ConfigError, Trainer, preset_config
 from .results import ExperimentError, run_experiment
 
 # %% auto #0
-__all__ = ['USER_ERRORS', 'parser', 'results_table', 'train_command', 'experiment_command', 'main']
+__all__ = ['USER_ERRORS', 'parser', 'results_table', 'read_config_file', 'train_command', 'experiment_command', 'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
@@ -41,6 +42,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train and evaluate one configuration (resumes from OUT/checkpoint.pt)")
     t.add_argument("--preset", default=None, help="a named preset of the method (e.g. the paper's settings)")
+    t.add_argument("--config", default=None, metavar="FILE",
+                   help="a YAML or JSON file of the fields below (and preset); flags given here override it")
     _add_config_flags(t)
     e = sub.add_parser("experiment", help="run an experiment notebook with papermill; the executed notebook is saved beside its results")
     e.add_argument("name", help="an experiment of nbs/experiments (train_eval, hdml, ...) or a path to a notebook")
@@ -64,10 +67,24 @@ def results_table(untrained: dict, final: dict) -> str:
 # %% ../nbs/10_cli.ipynb #d16389f8
 USER_ERRORS = (ConfigError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
 
+def read_config_file(path) -> dict:
+    "The `TrainConfig` fields (and `preset`) of a YAML or JSON file; an unknown key is an error that names it."
+    import yaml
+    p = Path(path)
+    if not p.is_file(): raise FileNotFoundError(f"configuration file {p} does not exist")
+    values = yaml.safe_load(p.read_text()) or {}   # YAML reads JSON too
+    if not isinstance(values, dict): raise ConfigError(f"{p} must hold a mapping of field: value, not {type(values).__name__}")
+    unknown = sorted(set(values) - {f.name for f in fields(TrainConfig)} - {"preset"})
+    if unknown: raise ConfigError(f"{p}: unknown field(s) {', '.join(unknown)}; see `dml-book train --help`")
+    return {k: (tuple(v) if k == "ks" else v) for k, v in values.items()}
+
 def train_command(args) -> int:
     "Run `dml-book train` with parsed `args`; print the results table."
-    given = {k: (tuple(v) if k == "ks" else v) for k, v in vars(args).items() if k not in ("command", "preset")}
-    cfg = preset_config(given.pop("method", "baseline"), args.preset, **{"progress": True, "umap": True, **given})
+    given = {k: (tuple(v) if k == "ks" else v) for k, v in vars(args).items() if k not in ("command", "preset", "config")}
+    given = {**(read_config_file(args.config) if args.config else {}), **given}
+    preset = args.preset if args.preset is not None else given.pop("preset", None)
+    given.pop("preset", None)
+    cfg = preset_config(given.pop("method", "baseline"), preset, **{"progress": True, "umap": True, **given})
     trainer = Trainer(cfg)
     final = trainer.fit()
     if not trainer.dist.is_main: return 0   # under torchrun, rank 0 reports
@@ -91,7 +108,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     try: return {"train": train_command, "experiment": experiment_command}[args.command](args)
     except USER_ERRORS as e:
-        print(f"dml-book: error: {e}", file=sys.stderr)
+        sys.stderr.write(f"dml-book: error: {e}\n")   # one write: the ranks of a torchrun job do not interleave
         return 2
 
 # %% ../nbs/10_cli.ipynb #ceb89ddc

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np, pandas as pd
 
 # %% auto #0
-__all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'reported', 'summarize',
-           'read_published', 'comparison_table', 'ExperimentError', 'experiments_dir', 'experiment_names',
-           'find_experiment', 'notebook_parameters', 'coerce_parameters', 'run_experiment']
+__all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
+           'reported', 'summarize', 'read_published', 'comparison_table', 'ExperimentError', 'experiments_dir',
+           'experiment_names', 'find_experiment', 'notebook_parameters', 'coerce_parameters', 'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
 def load_run(folder) -> dict:
@@ -61,15 +61,38 @@ def load_histories(root) -> dict[str, list[dict]]:
 # %% ../nbs/11_results.ipynb #236d4e5b
 def run_grid(variants: dict, # variant name -> `TrainConfig` (its `seed` and `out` are set here)
              seeds=(0,), # one run per seed
-             out_dir="runs/experiments") -> pd.DataFrame: # where `<variant>/seed<k>/` go
+             out_dir="runs/experiments", # where `<variant>/seed<k>/` go
+             nproc_per_node: int = 1) -> pd.DataFrame: # processes per run; > 1: each run under torchrun
     "Train every variant with every seed; the tidy `runs_frame` of `out_dir`."
     from dataclasses import replace
     from dml_book.train import Trainer
+    if int(nproc_per_node) < 1: raise ExperimentError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
     for name, cfg in variants.items():
         for seed in seeds:
-            Trainer(replace(cfg, seed=int(seed), out=str(Path(out_dir)/name/f"seed{seed}"))).fit()
+            run = replace(cfg, seed=int(seed), out=str(Path(out_dir)/name/f"seed{seed}"))
+            if nproc_per_node > 1: launch_torchrun(run, int(nproc_per_node))
+            else: Trainer(run).fit()
     df = runs_frame(out_dir)
     return df[df.variant.isin(list(variants))].reset_index(drop=True)
+
+def launch_torchrun(cfg, nproc_per_node: int):
+    "Train `cfg` in `nproc_per_node` processes on this machine (`torchrun --standalone`); its errors on failure."
+    import subprocess, sys, yaml
+    from collections import deque
+    from dataclasses import asdict
+    out = Path(cfg.out); out.mkdir(parents=True, exist_ok=True)
+    launch = out/"launch.yaml"
+    launch.write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
+           "-m", "dml_book.cli", "train", "--config", str(launch)]
+    errors, tail = [], deque(maxlen=30)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:
+            tail.append(line)
+            if line.startswith("dml-book: error:") and line not in errors: errors.append(line)   # the ranks' one-line errors
+    if proc.returncode:
+        raise ExperimentError(f"{cfg.out}: torchrun with {nproc_per_node} processes exited with {proc.returncode}:\n"
+                              + "".join(errors or tail))
 
 # %% ../nbs/11_results.ipynb #b5cabe43
 def reported(df: pd.DataFrame) -> pd.DataFrame:

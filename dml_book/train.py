@@ -333,12 +333,13 @@ def run_epoch(self: Trainer) -> dict:
 
 # %% ../nbs/08_train.ipynb #556a89f2
 def environment() -> dict:
-    "Versions and device of this run."
+    "Versions, device and number of processes of this run."
     import faiss
     from importlib.metadata import version   # torchvision's version without importing it (seconds)
     return dict(python=platform.python_version(), torch=torch.__version__, torchvision=version("torchvision"),
                 faiss=faiss.__version__, numpy=np.__version__, platform=platform.platform(),
-                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
+                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                world_size=torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
 
 _METRIC = re.compile(r"R@\d+|NMI|F1|MAP@R|R-Precision|mAP|CMC@\d+")  # what `evaluate` and `reid_evaluate` return
 

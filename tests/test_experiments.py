@@ -95,3 +95,20 @@ def test_parameter_files_name_only_parameters_of_their_notebook(path):
     if "variants" in given:
         src = "\n".join(c.source for c in nbformat.read(str(ROOT/"nbs"/"experiments"/f"{name}.ipynb"), as_version=4).cells)
         for v in given["variants"]: assert f'"{v}"' in src, f"{path.name}: variant {v} is not in {name}.ipynb's protocol"
+
+
+@pytest.mark.slow
+def test_run_grid_launches_each_run_under_torchrun(tmp_path):
+    "nproc_per_node=2: the run trains in two processes (torchrun), logs every step once and lands in the results store."
+    from dml_book.results import ExperimentError, run_grid
+    from dml_book.train import TrainConfig
+    cfg = TrainConfig(dataset="digits", embedding_dim=8, batch_size=8, m_per_class=4, epochs=1, max_steps_per_epoch=3)
+    df = run_grid({"baseline": cfg}, seeds=[3], out_dir=tmp_path, nproc_per_node=2)
+    run = json.loads((tmp_path/"baseline"/"seed3"/"metrics.json").read_text())
+    assert run["environment"]["world_size"] == 2 and run["config"]["seed"] == 3
+    log = [json.loads(l) for l in (tmp_path/"baseline"/"seed3"/"log.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in log if l["kind"] == "step"] == [1, 2, 3]
+    assert set(df.variant) == {"baseline"} and df.value.map(math.isfinite).all()
+    with pytest.raises(ExperimentError, match="exited with") as e:   # a failing run: its own error, in the output tail
+        run_grid({"bad": TrainConfig(dataset="digits", batch_size=64, m_per_class=8)}, out_dir=tmp_path, nproc_per_node=2)
+    assert "a batch of 64 x 2 process(es) with m_per_class=8 needs 16 classes but the labels have only 5\n" in str(e.value)
