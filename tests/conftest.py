@@ -5,7 +5,7 @@ import torch
 
 @pytest.fixture
 def one_thread():
-    "One torch thread for the test (tiny tensors: extra threads only spin on a shared CPU); the previous thread count and default dtype restored after."
+    "One torch thread (tiny tensors: extra threads only spin on a shared CPU); thread count and default dtype restored after."
     threads, dtype = torch.get_num_threads(), torch.get_default_dtype()
     torch.set_num_threads(1)
     try: yield

@@ -158,14 +158,6 @@ def test_registered_with_paper_presets():
     assert {ALA.presets[f"paper-{l}"]["loss"] for l in ("contrastive", "triplet", "margin")} == {"contrastive", "triplet", "margin"}
 
 
-@pytest.fixture
-def one_thread():
-    "One torch thread: on a CPU shared with other jobs, two threads spin on each other in the LSTM's many small ops."
-    n = torch.get_num_threads(); torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.slow
 def test_two_epochs_on_glyphs_improve_recall(tmp_path, one_thread):
     import json

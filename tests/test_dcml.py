@@ -172,14 +172,6 @@ def test_learner_distances_are_rotation_invariant():
     torch.testing.assert_close(d, d.T)
 
 
-@pytest.fixture
-def one_thread():
-    "Small batches on a shared CPU: one thread is much faster than two fighting for the cores."
-    n = torch.get_num_threads(); torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.slow
 def test_two_epoch_run_improves_recall_at_1(tmp_path, one_thread):
     import numpy as np

@@ -13,13 +13,7 @@ from dml_book.methods.pads_policy import (PolicyLearner, TrainingState, apply_ac
                                           reinforce_objective, reward)
 from dml_book.registry import METHODS
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    "Tiny tensors: extra threads only add synchronisation on a shared CPU."
-    n = torch.get_num_threads(); torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py: one torch thread, restored after
 
 
 def _batch(n_classes=8, per_class=4, dim=6, seed=0):
