@@ -73,18 +73,19 @@ def read_config_file(path) -> dict:
     p = Path(path)
     if not p.is_file(): raise FileNotFoundError(f"configuration file {p} does not exist")
     values = yaml.safe_load(p.read_text()) or {}   # YAML reads JSON too
-    if not isinstance(values, dict): raise ConfigError(f"{p} must hold a mapping of field: value, not {type(values).__name__}")
+    if not isinstance(values, dict):
+        raise ConfigError(f"{p} must hold a mapping of field: value, not {type(values).__name__}")
     unknown = sorted(set(values) - {f.name for f in fields(TrainConfig)} - {"preset"})
     if unknown: raise ConfigError(f"{p}: unknown field(s) {', '.join(unknown)}; see `dml-book train --help`")
-    return {k: (tuple(v) if k == "ks" else v) for k, v in values.items()}
+    return values
 
 def train_command(args) -> int:
     "Run `dml-book train` with parsed `args`; print the results table."
-    given = {k: (tuple(v) if k == "ks" else v) for k, v in vars(args).items() if k not in ("command", "preset", "config")}
-    given = {**(read_config_file(args.config) if args.config else {}), **given}
-    preset = args.preset if args.preset is not None else given.pop("preset", None)
-    given.pop("preset", None)
-    cfg = preset_config(given.pop("method", "baseline"), preset, **{"progress": True, "umap": True, **given})
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config") and not (k == "preset" and v is None)}
+    given = {**(read_config_file(args.config) if args.config else {}), **flags}   # the flags win over the file
+    if "ks" in given: given["ks"] = tuple(given["ks"])
+    method, preset = given.pop("method", "baseline"), given.pop("preset", None)
+    cfg = preset_config(method, preset, **{"progress": True, "umap": True, **given})
     trainer = Trainer(cfg)
     final = trainer.fit()
     if not trainer.dist.is_main: return 0   # under torchrun, rank 0 reports

@@ -60,7 +60,7 @@ def gpu_available() -> bool:
 # %% ../nbs/06_metrics.ipynb #eef62809
 def gpu_ids(gpus: str | int | Sequence[int] | None = "all") -> list[int]:
     "Ids of the GPUs `gpus` names: \"all\" that faiss sees (none: `[]`, the CPU), a count n (0 to n-1), a list, or None."
-    seen = faiss.get_num_gpus() if hasattr(faiss, "StandardGpuResources") else 0
+    seen = faiss.get_num_gpus() if gpu_available() else 0
     if gpus is None: return []
     if isinstance(gpus, str) and gpus == "all": return list(range(seen))
     if isinstance(gpus, (str, bool)) or not isinstance(gpus, (int, np.integer, Sequence)):

@@ -105,12 +105,11 @@ def _load_registries():
 
 def _build_split(cfg, split: str, train: bool):
     cls = DATASETS.get(cfg.dataset)
-    try: return cls(cfg.data_root, split, transform=cls.default_transform(train), **cfg.dataset_kwargs)
-    except TypeError as e:
-        if not cfg.dataset_kwargs or "argument" not in str(e): raise
-        accepted = [p for p in inspect.signature(cls).parameters if p not in ("root", "split", "transform")]
+    accepted = [p for p in inspect.signature(cls).parameters if p not in ("root", "split", "transform")]
+    if set(cfg.dataset_kwargs) - set(accepted):
         raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
-                          f"it accepts: {', '.join(accepted) or 'none'}") from None
+                          f"it accepts: {', '.join(accepted) or 'none'}")
+    return cls(cfg.data_root, split, transform=cls.default_transform(train), **cfg.dataset_kwargs)
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
@@ -223,8 +222,8 @@ def embed_dataset(self: Trainer, ds, batch_size: int = 256) -> tuple[torch.Tenso
 @patch
 def faiss_gpus(self: Trainer):
     "GPUs for faiss's search: none on a CPU run, this rank's own under torchrun (the others hold their ranks' memory), else all."
-    import faiss
-    if self.device.type != "cuda" or faiss.get_num_gpus() == 0: return None   # a CPU build of faiss: its CPU search
+    from dml_book.metrics import gpu_available
+    if self.device.type != "cuda" or not gpu_available(): return None   # a CPU build of faiss: its CPU search
     return [self.device.index or 0] if self.dist.enabled else "all"
 
 @patch

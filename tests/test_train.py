@@ -61,6 +61,7 @@ def test_faiss_gpus_follow_the_run(monkeypatch):
     import faiss, torch
     from dml_book.train import Trainer
     run = lambda device, ddp: NS(device=torch.device(device), dist=NS(enabled=ddp))
+    monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)   # a GPU build of faiss, seeing 4 GPUs
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 4)
     assert Trainer.faiss_gpus(run("cpu", False)) is None and Trainer.faiss_gpus(run("cpu", True)) is None
     assert Trainer.faiss_gpus(run("cuda:2", True)) == [2] and Trainer.faiss_gpus(run("cuda", True)) == [0]
