@@ -14,6 +14,7 @@ from fastprogress.fastprogress import progress_bar
 from .registry import DATASETS, LOSSES, MINERS, METHODS
 from .models import build_model
 from .samplers import ClassBalancedBatchSampler
+from .checkpoint import write_checkpoint, read_checkpoint
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, broadcast_object)
 
@@ -265,7 +266,7 @@ def save_checkpoint(self: Trainer):
     state = dict(epoch=self.epoch, step=self.step, history=self.history, config=asdict(self.cfg),
                  model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                  loss=self.loss_fn.state_dict(), method=self.method.state_dict())
-    tmp = self.out/"checkpoint.pt.tmp"; torch.save(state, tmp); os.replace(tmp, self.out/"checkpoint.pt")
+    write_checkpoint(state, self.out/"checkpoint.pt")
 
 # %% ../nbs/08_train.ipynb #56be333c
 _RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval_every")  # may differ on resume
@@ -273,7 +274,7 @@ _RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval
 @patch
 def load_checkpoint(self: Trainer, path):
     "Restore everything `save_checkpoint` wrote; refuse a checkpoint of a different configuration."
-    state = torch.load(path, map_location=self.device, weights_only=False)
+    state = read_checkpoint(path, map_location=self.device)
     mine, theirs = asdict(self.cfg), state["config"]
     diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k))]
     if diff: raise ConfigError(f"{path} was written by a different configuration (differs in: {', '.join(diff)}); "
@@ -356,7 +357,7 @@ def keep_if_best(self: Trainer):
     "Save the model as `best.pt` when the epoch just logged is the best so far on the validation split."
     epochs = [r for r in self.history if r.get("kind") == "epoch"]
     if self.val_ds is None or not self.dist.is_main or "val_R@1" not in epochs[-1] or select_epoch(epochs) is not epochs[-1]: return
-    torch.save(dict(epoch=self.epoch, model=self.model.state_dict(), method=self.method.state_dict()), self.out/"best.pt")
+    write_checkpoint(dict(epoch=self.epoch, model=self.model.state_dict(), method=self.method.state_dict()), self.out/"best.pt")
 
 @patch
 def write_metrics(self: Trainer):
