@@ -25,14 +25,15 @@ def reid_transform(train: bool, size: tuple[int, int] = (256, 128), erase_p: flo
     "Resize to `size` (h, w); flip and random erasing (probability `erase_p`) when training; ImageNet-normalise."
     from torchvision import transforms as T
     pre = [T.Resize(size)] + ([T.RandomHorizontalFlip()] if train else [])
-    post = [T.RandomErasing(p=erase_p, value=0)] if train else []
+    post = [T.RandomErasing(p=erase_p, value=0)] if train and erase_p > 0 else []
     return T.Compose([*pre, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD), *post])
 
 # %% ../../nbs/01c_data.transforms.ipynb #400fca6c
 TRANSFORM_PRESETS: dict[str, Callable[[bool], Callable]] = {
     "retrieval224": lambda train: retrieval_transform(train, 224),   # torchvision backbones
     "retrieval227": lambda train: retrieval_transform(train, 227),   # Caffe GoogLeNet (HDML, DCML)
-    "reid256x128": lambda train: reid_transform(train),              # person / vehicle re-identification
+    "reid256x128": lambda train: reid_transform(train),              # person re-identification
+    "vehicle224": lambda train: reid_transform(train, (224, 224), erase_p=0),  # vehicles (DMML Sec. 4.2: 224 x 224, flips only)
 }
 
 def get_transform(name: str, train: bool) -> Callable:
