@@ -28,6 +28,7 @@ class TrainConfig:
     dataset: str = "glyphs"          # a registered dataset: glyphs, digits, cub200, cars196, sop, market1501, veri776 ...
     data_root: str | None = None     # folder holding the dataset (built-in data: its cache folder)
     dataset_kwargs: dict = field(default_factory=dict) # its constructor arguments, e.g. {"size": 16} for smaller glyphs
+    transform: str | None = None     # an image pipeline of dml_book.data.transforms (e.g. retrieval227); None: the dataset's own
     backbone: str = "smallcnn"       # smallcnn, resnet18, resnet50 or googlenet
     embedding_dim: int = 64          # size of the embedding
     head: str = "linear"             # linear: a layer from the features to the embedding; identity: the features are the embedding
@@ -111,7 +112,12 @@ def _build_split(cfg, split: str, train: bool):
     if set(cfg.dataset_kwargs) - set(accepted):
         raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
                           f"it accepts: {', '.join(accepted) or 'none'}")
-    return cls(cfg.data_root, split, transform=cls.default_transform(train), **cfg.dataset_kwargs)
+    transform = cls.default_transform(train)
+    if cfg.transform is not None:
+        if transform is None: raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
+        from dml_book.data.transforms import get_transform
+        transform = get_transform(cfg.transform, train)
+    return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."

@@ -94,6 +94,10 @@ def test_parameter_files_name_only_parameters_of_their_notebook(path):
     assert given.get("device") == "cuda" and given.get("data_root")
     if "variants" in given:
         src = "\n".join(c.source for c in nbformat.read(str(ROOT/"nbs"/"experiments"/f"{name}.ipynb"), as_version=4).cells)
+        from dml_book.registry import METHODS
+        import dml_book.methods  # noqa: F401
+        if name in METHODS:   # a protocol may take its ablations from the method (DCML.ablations)
+            src += "".join(f'"{a}"' for a in getattr(METHODS.get(name), "ablations", {}))
         for v in given["variants"]: assert f'"{v}"' in src, f"{path.name}: variant {v} is not in {name}.ipynb's protocol"
 
 
