@@ -157,6 +157,7 @@ def _build_model(self: Trainer):
     loss_cls, kw = LOSSES.get(cfg.loss), dict(cfg.loss_kwargs)
     if getattr(loss_cls, "uses_proxies", False):
         kw.setdefault("num_classes", len(self.train_ds.class_names)); kw.setdefault("embedding_size", cfg.embedding_dim)
+    if kw.get("per_class"): kw.setdefault("num_classes", len(self.train_ds.class_names))   # e.g. one margin beta per class
     self.loss_fn = loss_cls(**kw).to(self.device)
     self.miner = MINERS.get(cfg.miner)(**cfg.miner_kwargs) if cfg.miner else None
 
@@ -173,10 +174,16 @@ def _use_method_loss(self: Trainer):
 # %% ../nbs/08_train.ipynb #5284bb9f
 @patch
 def param_groups(self: Trainer) -> list[dict]:
-    "Backbone at `lr_backbone`; head and loss parameters at `lr_head`; then the method's groups."
-    head = list(self.model.head.parameters()) + list(self.loss_fn.parameters())
-    return [{"params": list(self.model.backbone.parameters()), "lr": self.cfg.lr_backbone, "name": "backbone"},
-            {"params": head, "lr": self.cfg.lr_head, "name": "head"}, *self.method.param_groups(self)]
+    "Backbone at `lr_backbone`; head and loss parameters at `lr_head` (a learned margin beta: its own rate, no decay); the method's."
+    loss_params = dict(self.loss_fn.named_parameters())
+    beta = loss_params.pop("beta", None)
+    head = list(self.model.head.parameters()) + list(loss_params.values())
+    groups = [{"params": list(self.model.backbone.parameters()), "lr": self.cfg.lr_backbone, "name": "backbone"},
+              {"params": head, "lr": self.cfg.lr_head, "name": "head"}]
+    if beta is not None:
+        groups.append({"params": [beta], "lr": getattr(self.loss_fn, "beta_lr", None) or self.cfg.lr_head,
+                       "weight_decay": 0.0, "name": "beta"})
+    return [*groups, *self.method.param_groups(self)]
 
 @patch
 def _synchronise(self: Trainer):
