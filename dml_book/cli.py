@@ -73,7 +73,10 @@ def read_config_file(path) -> dict:
     import yaml
     p = Path(path)
     if not p.is_file(): raise FileNotFoundError(f"configuration file {p} does not exist")
-    values = yaml.safe_load(p.read_text()) or {}   # YAML reads JSON too
+    try: values = yaml.safe_load(p.read_text()) or {}   # YAML reads JSON too
+    except yaml.YAMLError as e:
+        m = getattr(e, "problem_mark", None); where = f":{m.line + 1}:{m.column + 1}" if m else ""
+        raise ConfigError(f"{p}{where}: not valid YAML or JSON ({getattr(e, 'problem', None) or e})") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{p} must hold a mapping of field: value, not {type(values).__name__}")
     unknown = sorted(set(values) - {f.name for f in fields(TrainConfig)} - {"preset"})
@@ -84,7 +87,7 @@ def train_command(args) -> int:
     "Run `dml-book train` with parsed `args`; print the results table."
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config") and not (k == "preset" and v is None)}
     given = {**(read_config_file(args.config) if args.config else {}), **flags}   # the flags win over the file
-    if "ks" in given: given["ks"] = tuple(given["ks"])
+    if isinstance(given.get("ks"), list): given["ks"] = tuple(given["ks"])
     method, preset = given.pop("method", "baseline"), given.pop("preset", None)
     cfg = preset_config(method, preset, **{"progress": True, "umap": True, **given})
     trainer = Trainer(cfg)

@@ -15,12 +15,13 @@ from .registry import DATASETS, LOSSES, MINERS, METHODS
 from .models import build_model
 from .samplers import ClassBalancedBatchSampler
 from .checkpoint import write_checkpoint, read_checkpoint
+from .config import ConfigError, check_config
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, broadcast_object)
 
 # %% auto #0
-__all__ = ['TrainConfig', 'ConfigError', 'preset_config', 'seed_everything', 'resolve_device', 'LabelledSubset', 'Trainer',
-           'environment', 'select_epoch', 'train']
+__all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'LabelledSubset', 'Trainer', 'environment',
+           'select_epoch', 'train']
 
 # %% ../nbs/08_train.ipynb #e4dc60f9
 @dataclass
@@ -62,9 +63,6 @@ class TrainConfig:
     umap: bool = False               # save a UMAP figure of the final test embedding
 
 # %% ../nbs/08_train.ipynb #d93a80bc
-class ConfigError(ValueError):
-    "A training configuration that cannot run."
-
 def preset_config(method: str, preset: str | None = None, **overrides) -> TrainConfig:
     "A `TrainConfig` for `method` with the method's named `preset` applied, then `overrides`."
     import dml_book.methods  # fills METHODS
@@ -124,6 +122,7 @@ class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
     def __init__(self, cfg: TrainConfig | None = None, **overrides):
         self.cfg = cfg = replace(cfg or TrainConfig(), **overrides)
+        check_config(cfg)   # the validation boundary: nothing is loaded before it passes
         _load_registries(); seed_everything(cfg.seed)
         self.dist = init_distributed()  # under torchrun: rank, world size (see `dml_book.distributed`)
         self.device, self.out = resolve_device(cfg.device, self.dist.local_rank), Path(cfg.out)
@@ -147,6 +146,8 @@ def _build_data(self: Trainer):
     if cfg.val_fraction: self._hold_out_validation()
     if self.protocol == "reid": self.query_ds, self.gallery_ds = (_build_split(cfg, s, False) for s in ("query", "gallery"))
     else: self.test_ds = _build_split(cfg, "test", False)
+    gallery = len(self.gallery_ds) if self.protocol == "reid" else len(self.test_ds) - 1   # a query is not its own neighbour
+    if max(cfg.ks) > gallery: raise ConfigError(f"ks={tuple(cfg.ks)}: Recall@{max(cfg.ks)} needs a gallery of at least {max(cfg.ks)} items; this one has {gallery}")
 
 @patch
 def _build_model(self: Trainer):

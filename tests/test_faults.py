@@ -67,3 +67,69 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         write_checkpoint({"epoch": 2, "w": torch.zeros(3)}, p)
     monkeypatch.undo()
     assert [x.name for x in tmp_path.iterdir()] == ["checkpoint.pt"] and read_checkpoint(p)["epoch"] == 1
+
+
+BAD_SETTINGS = {  # field: (command-line flags, a fragment of the one-line error)
+    "dataset": (["--dataset", "mnist"], "unknown dataset 'mnist'"),
+    "data_root": (["--dataset", "cub200"], "needs --data-root"),
+    "dataset_kwargs": (["--dataset-kwargs", '{"sizee": 3}'], "does not take dataset_kwargs"),
+    "transform": (["--transform", "retrieval227"], "leave transform unset"),
+    "backbone": (["--backbone", "resnet19"], "unknown backbone 'resnet19'"),
+    "embedding_dim": (["--embedding-dim", "0"], "embedding_dim=0 is invalid"),
+    "head": (["--head", "mlp"], "head='mlp' is invalid"),
+    "last_stride": (["--last-stride", "3"], "last_stride=3 is invalid"),
+    "normalize": (["--config", "{tmp}/c.yaml"], "normalize='yes' is invalid"),
+    "pretrained": (["--pretrained"], "smallcnn backbone has no pretrained weights"),
+    "weights_path": (["--backbone", "resnet18", "--weights-path", "{tmp}/none.pth"], "none.pth"),
+    "loss": (["--loss", "arcfacee"], "unknown loss 'arcfacee'"),
+    "loss_kwargs": (["--loss-kwargs", '{"margin": "x"}'], "loss_kwargs margin='x'"),
+    "miner": (["--miner", "hardest"], "unknown miner 'hardest'"),
+    "miner_kwargs": (["--miner-kwargs", '{"x": 1}'], "miner_kwargs {'x': 1} given without a miner"),
+    "method": (["--method", "pad"], "unknown method 'pad'"),
+    "method_kwargs": (["--method-kwargs", '{"x": 1}'], "method 'baseline' rejects method_kwargs"),
+    "epochs": (["--epochs", "-3"], "epochs=-3 is invalid"),
+    "batch_size": (["--batch-size", "0"], "batch_size=0 is invalid"),
+    "m_per_class": (["--m-per-class", "0"], "m_per_class=0 is invalid"),
+    "lr_backbone": (["--lr-backbone", "-0.1"], "lr_backbone=-0.1 is invalid"),
+    "lr_head": (["--lr-head", "nan"], "lr_head=nan is invalid"),
+    "weight_decay": (["--weight-decay", "-1"], "weight_decay=-1.0 is invalid"),
+    "max_steps_per_epoch": (["--max-steps-per-epoch", "0"], "max_steps_per_epoch=0 is invalid"),
+    "eval_every": (["--eval-every", "0"], "eval_every=0 is invalid"),
+    "val_fraction": (["--val-fraction", "1.5"], "val_fraction=1.5 is invalid"),
+    "ks": (["--ks", "1", "5000"], "Recall@5000 needs a gallery of at least 5000 items"),
+    "log_every": (["--log-every", "0"], "log_every=0 is invalid"),
+    "seed": (["--seed", "-1"], "seed=-1 is invalid"),
+    "out": (["--out", "/proc/no/such"], "not writable"),
+    "device": (["--device", "cuda:9"], "device='cuda:9'"),
+    "num_workers": (["--num-workers", "-1"], "num_workers=-1 is invalid"),
+    "progress": (["--config", "{tmp}/p.yaml"], "progress=3 is invalid"),
+    "umap": (["--config", "{tmp}/u.yaml"], "umap='no' is invalid"),
+}
+
+
+def test_every_field_has_a_bad_setting():
+    from dataclasses import fields
+    from dml_book.train import TrainConfig
+    assert sorted(BAD_SETTINGS) == sorted(f.name for f in fields(TrainConfig))
+
+
+@pytest.mark.parametrize("name", sorted(BAD_SETTINGS))
+def test_a_bad_setting_is_one_line_and_exit_2(name, tmp_path, capsys):
+    from dml_book.cli import main
+    (tmp_path/"c.yaml").write_text("normalize: 'yes'\n"); (tmp_path/"p.yaml").write_text("progress: 3\n")
+    (tmp_path/"u.yaml").write_text("umap: 'no'\n")
+    flags, fragment = BAD_SETTINGS[name]
+    out = [] if "--out" in flags else ["--out", str(tmp_path/"run")]
+    quiet = [f for f in ("--no-umap", "--no-progress") if f[5:] != name]   # a flag would override the file's bad value
+    argv = ["train", "--dataset", "digits", *quiet, "--batch-size", "20", *out, *[a.replace("{tmp}", str(tmp_path)) for a in flags]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dml-book: error: ") and err.count("\n") == 1 and fragment in err, err
+    assert not (tmp_path/"run"/"checkpoint.pt").exists()
+
+
+def test_a_config_file_syntax_error_names_line_and_column(tmp_path, capsys):
+    from dml_book.cli import main
+    (tmp_path/"bad.yaml").write_text("epochs: [1\nlr_head: 2\n")
+    assert main(["train", "--config", str(tmp_path/"bad.yaml"), "--out", str(tmp_path/"run")]) == 2
+    assert f"{tmp_path/'bad.yaml'}:2:" in capsys.readouterr().err
