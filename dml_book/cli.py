@@ -12,7 +12,7 @@ from pathlib import Path
 from fastcore.imports import in_notebook
 from .registry import UnknownNameError
 from .models import PretrainedWeightsUnavailable
-from .train import TrainConfig, ConfigError, Trainer, preset_config
+from .train import TrainConfig, ConfigError, Trainer, preset_config, TrainingDiverged
 from .checkpoint import CheckpointError
 from .results import ExperimentError, run_experiment
 
@@ -66,7 +66,7 @@ def results_table(untrained: dict, final: dict) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/10_cli.ipynb #d16389f8
-USER_ERRORS = (ConfigError, CheckpointError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
+USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
 
 def read_config_file(path) -> dict:
     "The `TrainConfig` fields (and `preset`) of a YAML or JSON file; an unknown key is an error that names it."

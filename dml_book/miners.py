@@ -23,6 +23,8 @@ class Miner:
                  labels: Tensor, # (B,) integer labels
                 ) -> tuple[Tensor, Tensor, Tensor]: # anchors, positives, negatives (1-d LongTensors)
         check_batch(embeddings, labels)
+        from dml_book.losses.base import check_finite
+        check_finite(embeddings)   # a NaN row would be mined like any other
         with torch.no_grad(): return self.mine(embeddings.detach(), labels)
 
     def mine(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -3,6 +3,8 @@ import errno, hashlib, io, json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from dml_book.checkpoint import MAGIC, CheckpointError, read_checkpoint, write_checkpoint
+import dml_book.losses, dml_book.miners  # noqa: F401  (fill the registries)
+from dml_book.registry import LOSSES, MINERS
 
 FAST = ["--dataset", "digits", "--embedding-dim", "8", "--batch-size", "40", "--m-per-class", "8", "--epochs", "1",
         "--max-steps-per-epoch", "2", "--no-umap", "--no-progress"]
@@ -133,3 +135,62 @@ def test_a_config_file_syntax_error_names_line_and_column(tmp_path, capsys):
     (tmp_path/"bad.yaml").write_text("epochs: [1\nlr_head: 2\n")
     assert main(["train", "--config", str(tmp_path/"bad.yaml"), "--out", str(tmp_path/"run")]) == 2
     assert f"{tmp_path/'bad.yaml'}:2:" in capsys.readouterr().err
+
+
+def test_a_loss_that_turns_nan_stops_the_run_where_it_starts(tmp_path):
+    "NaN embeddings from step 3 of epoch 2: one error naming epoch, step and last finite loss; epoch 1's checkpoint intact."
+    from dml_book.train import Trainer, TrainingDiverged
+    t = Trainer(dataset="digits", embedding_dim=8, batch_size=40, m_per_class=8, epochs=2, max_steps_per_epoch=4, out=str(tmp_path))
+    forward, calls = t.model.forward, [0]
+    def poisoned(x):
+        z = forward(x)
+        if t.model.training: calls[0] += 1
+        return z * float("nan") if calls[0] >= 7 else z     # the 7th training step is epoch 2, step 3
+    t.model.forward = poisoned
+    with pytest.raises(TrainingDiverged, match=r"at epoch 2, step 7: embeddings row 0 is not finite .* \(last finite loss: [0-9.]+\); checkpoint.pt still holds epoch 1"):
+        t.fit()
+    assert read_checkpoint(tmp_path/"checkpoint.pt")["epoch"] == 1
+    for line in (tmp_path/"log.jsonl").read_text().splitlines(): json.loads(line)   # valid JSON throughout
+
+
+def test_nan_in_a_log_record_is_written_as_null(tmp_path):
+    from dml_book.train import to_json
+    s = to_json({"loss": float("nan"), "R@1": [float("inf"), 0.5]})
+    assert json.loads(s) == {"loss": None, "R@1": [None, 0.5]} and "NaN" not in s
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_losses_refuse_a_nan_embedding(name):
+    import dml_book.losses  # noqa: F401
+    from dml_book.registry import LOSSES
+    from dml_book.losses.base import NonFiniteError
+    if name not in LOSSES: pytest.skip(f"no loss {name!r} registered")
+    cls = LOSSES.get(name)
+    loss = cls(num_classes=4, embedding_size=6) if getattr(cls, "uses_proxies", False) else cls()
+    e = torch.randn(8, 6); e[5, 2] = float("nan"); y = torch.arange(4).repeat(2)
+    with pytest.raises(NonFiniteError, match="row 5 is not finite"): loss(e, y)
+
+
+@pytest.mark.parametrize("name", MINERS.names())
+def test_miners_refuse_a_nan_embedding(name):
+    import dml_book.miners  # noqa: F401
+    from dml_book.registry import MINERS
+    from dml_book.losses.base import NonFiniteError
+    if name not in MINERS: pytest.skip(f"no miner {name!r} registered")
+    e = torch.randn(8, 6); e[2, 0] = float("inf"); y = torch.arange(4).repeat(2)
+    with pytest.raises(NonFiniteError, match="row 2 is not finite"): MINERS.get(name)()(e, y)
+
+
+def test_two_runs_cannot_share_an_output_folder(tmp_path):
+    "A second process while the first holds the lock: exit 2, naming the first's PID; the lock dies with its holder."
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from dml_book.train import lock_out; "
+                               "Path(sys.argv[1]).mkdir(); f = lock_out(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)",
+                               str(tmp_path/"run")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        r = _cli("train", *FAST, "--out", str(tmp_path/"run"))
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert f"is in use by another run (process {holder.pid})" in r.stderr, r.stderr
+    finally: holder.kill(); holder.wait()
+    from dml_book.train import lock_out
+    lock_out(tmp_path/"run").close()                         # free again once the holder is gone (even by SIGKILL)
