@@ -14,6 +14,7 @@ from .registry import UnknownNameError
 from .models import PretrainedWeightsUnavailable
 from .train import TrainConfig, ConfigError, Trainer, preset_config, TrainingDiverged
 from .checkpoint import CheckpointError
+from .data.core import ImageReadError
 from .results import ExperimentError, run_experiment
 
 # %% auto #0
@@ -66,7 +67,7 @@ def results_table(untrained: dict, final: dict) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/10_cli.ipynb #d16389f8
-USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
+USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, ImageReadError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
 
 def read_config_file(path) -> dict:
     "The `TrainConfig` fields (and `preset`) of a YAML or JSON file; an unknown key is an error that names it."

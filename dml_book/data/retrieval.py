@@ -41,6 +41,9 @@ class CUB200(ImageFileDataset):
         images = dict(read_rows(folder/"images.txt", self.layout))
         classes = {i: int(c) for i, c in read_rows(folder/"image_class_labels.txt", self.layout)}
         names = {int(c): n for c, n in read_rows(folder/"classes.txt", self.layout)}
+        missing = [i for i in images if i not in classes]
+        if missing: raise DatasetNotFoundError(f"{folder/'image_class_labels.txt'} has no line for image id {missing[0]} "
+                                               f"({len(missing)} missing); the download is incomplete: fetch it again")
         keep = [i for i in images if (classes[i] <= 100) == (split == "train")]
         return [folder/"images"/images[i] for i in keep], [classes[i] for i in keep], names
 
