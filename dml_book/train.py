@@ -166,8 +166,9 @@ def _build_model(self: Trainer):
     if getattr(loss_cls, "uses_proxies", False):
         kw.setdefault("num_classes", len(self.train_ds.class_names)); kw.setdefault("embedding_size", cfg.embedding_dim)
     if kw.get("per_class"): kw.setdefault("num_classes", len(self.train_ds.class_names))   # e.g. one margin beta per class
-    self.loss_fn = loss_cls(**kw).to(self.device)
-    self.miner = MINERS.get(cfg.miner)(**cfg.miner_kwargs) if cfg.miner else None
+    # the head already applied cfg.normalize: loss and miner measure what the model (or a method's synthesis) gives them
+    self.loss_fn = loss_cls(**{"normalize": False, **kw}).to(self.device)
+    self.miner = MINERS.get(cfg.miner)(**{"normalize": False, **cfg.miner_kwargs}) if cfg.miner else None
 
 @patch
 def _use_method_loss(self: Trainer):

@@ -82,7 +82,7 @@ def test_synthesis_and_npair_loss():
     off = i != j
     for reg in (0., 0.05):
         torch.testing.assert_close(grouped_npair_loss(emb, pa[i[off]], pp[i[off]], pp[j[off]], reg),
-                                   NPairLoss(l2_reg=reg)(emb, lab))
+                                   NPairLoss(l2_reg=reg, normalize=False)(emb, lab))
     z_in, l_in, (a, p, n) = npair_synthesis(emb, lab, (pa, pp), 0.5)
     assert len(z_in) == 8 + 64 and len(a) == 8 * 7
     torch.testing.assert_close(z_in[p], emb[pp][a])                     # the diagonal keeps the positives
