@@ -316,11 +316,17 @@ def _prepare_out(out: Path):
         probe = out/".write-test"; probe.write_text(""); probe.unlink()
     except OSError as e: raise ConfigError(f"output folder {out} is not writable ({e.strerror or e})") from None
 
+def _record_preprocessing(self: Trainer):
+    "Write `preprocessing.json`: how `dml_book.inference.load_run` will read images for this run's network."
+    if (self.out/"preprocessing.json").exists(): return
+    from dml_book.inference import preprocessing_spec
+    (self.out/"preprocessing.json").write_text(json.dumps(preprocessing_spec(self.cfg, self.train_ds[0][0])))
+
 @patch
 def fit(self: Trainer) -> dict:
     "Train (resuming from `out/checkpoint.pt` if present), evaluate, and write `metrics.json`; returns the final metrics."
     cfg = self.cfg
-    if self.dist.is_main: _prepare_out(self.out)
+    if self.dist.is_main: _prepare_out(self.out); _record_preprocessing(self)
     if self.dist.enabled: torch.distributed.barrier()
     if (self.out/"checkpoint.pt").exists(): self.load_checkpoint(self.out/"checkpoint.pt")
     else:
