@@ -213,7 +213,10 @@ def _build_sampler(self: Trainer):
     try:
         self.sampler = self.method.batch_sampler(self) or ClassBalancedBatchSampler(
             self.train_ds.labels, cfg.batch_size, cfg.m_per_class, seed=cfg.seed)
-    except ValueError as e: raise ConfigError(f"batch configuration cannot be filled: {e}") from e
+    except ValueError as e:
+        n = len(np.unique(self.train_ds.labels))
+        raise ConfigError(f"batch configuration cannot be filled: {e}; set --batch-size and --m-per-class "
+                          f"(batch_size / m_per_class classes per batch, at most {n})") from e
     self.loader = torch.utils.data.DataLoader(self.train_ds, batch_sampler=self.sampler, num_workers=cfg.num_workers)
 
 # %% ../nbs/08_train.ipynb #c70de671
