@@ -18,8 +18,8 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
                                   gather_shards, broadcast_object)
 
 # %% auto #0
-__all__ = ['TrainConfig', 'ConfigError', 'preset_config', 'seed_everything', 'resolve_device', 'LabelledSubset', 'Trainer',
-           'environment', 'select_epoch', 'train']
+__all__ = ['TrainConfig', 'ConfigError', 'preset_config', 'seed_everything', 'resolve_device', 'LabelledSubset',
+           'build_scheduler', 'Trainer', 'environment', 'select_epoch', 'train']
 
 # %% ../nbs/08_train.ipynb #e4dc60f9
 @dataclass
@@ -45,6 +45,11 @@ class TrainConfig:
     lr_backbone: float = 1e-3        # learning rate of the backbone
     lr_head: float = 1e-3            # learning rate of the head, the loss's and the method's parameters
     weight_decay: float = 1e-4       # Adam's weight decay
+    lr_schedule: str = "constant"    # constant, step, multistep or exponential (torch.optim.lr_scheduler) on the main optimiser
+    lr_step_size: int = 1            # step: decay every this many scheduler steps
+    lr_milestones: tuple = ()        # multistep: the scheduler steps at which to decay
+    lr_gamma: float = 0.1            # step, multistep, exponential: factor applied at each decay
+    lr_step_per: str = "epoch"       # step the schedule once per "epoch" or per "iteration"
     max_steps_per_epoch: int | None = None  # cap on iterations per epoch (None: the sampler's epoch length)
     eval_every: int = 1              # evaluate on the test split every this many epochs (and after the last)
     val_fraction: float = 0.0        # share of the training classes held out (label-disjoint) to select the epoch; 0: none
@@ -111,6 +116,18 @@ def _build_split(cfg, split: str, train: bool):
                           f"it accepts: {', '.join(accepted) or 'none'}")
     return cls(cfg.data_root, split, transform=cls.default_transform(train), **cfg.dataset_kwargs)
 
+_SCHEDULES = ("constant", "step", "multistep", "exponential")
+
+def build_scheduler(optimizer, cfg: TrainConfig):
+    "The learning-rate schedule `cfg` names over `optimizer` (None for a constant rate)."
+    if cfg.lr_schedule not in _SCHEDULES: raise ConfigError(f"unknown lr_schedule {cfg.lr_schedule!r}; choose from: {', '.join(_SCHEDULES)}")
+    if cfg.lr_step_per not in ("epoch", "iteration"): raise ConfigError(f"lr_step_per must be 'epoch' or 'iteration', not {cfg.lr_step_per!r}")
+    S = torch.optim.lr_scheduler
+    if cfg.lr_schedule == "step": return S.StepLR(optimizer, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
+    if cfg.lr_schedule == "multistep": return S.MultiStepLR(optimizer, milestones=list(cfg.lr_milestones), gamma=cfg.lr_gamma)
+    if cfg.lr_schedule == "exponential": return S.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
+    return None
+
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
     def __init__(self, cfg: TrainConfig | None = None, **overrides):
@@ -123,6 +140,7 @@ class Trainer:
         self.method.setup(self)
         self.model.to(self.device); self.method.to(self.device)
         self.optimizer = torch.optim.Adam(self.param_groups(), weight_decay=cfg.weight_decay)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
         if self.dist.enabled: self._synchronise()
         self._build_sampler()
         self.epoch, self.step, self.history = 0, 0, []
@@ -264,7 +282,8 @@ def save_checkpoint(self: Trainer):
     if not self.dist.is_main: return
     state = dict(epoch=self.epoch, step=self.step, history=self.history, config=asdict(self.cfg),
                  model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-                 loss=self.loss_fn.state_dict(), method=self.method.state_dict())
+                 loss=self.loss_fn.state_dict(), method=self.method.state_dict(),
+                 scheduler=self.scheduler.state_dict() if self.scheduler else None)
     tmp = self.out/"checkpoint.pt.tmp"; torch.save(state, tmp); os.replace(tmp, self.out/"checkpoint.pt")
 
 # %% ../nbs/08_train.ipynb #56be333c
@@ -280,6 +299,7 @@ def load_checkpoint(self: Trainer, path):
                                f"choose another output folder")
     self.model.load_state_dict(state["model"]); self.optimizer.load_state_dict(state["optimizer"])
     self.loss_fn.load_state_dict(state["loss"]); self.method.load_state_dict(state["method"])
+    if self.scheduler: self.scheduler.load_state_dict(state["scheduler"])
     self.epoch, self.step, self.history = state["epoch"], state["step"], state["history"]
     if self.dist.is_main: (self.out/"log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.history))
 
@@ -323,9 +343,11 @@ def run_epoch(self: Trainer) -> dict:
     for i, (x, y) in enumerate(batches):
         if i >= n: break
         logs = self.method.training_step(self, x.to(self.device), y.to(self.device)); self.step += 1
+        if self.scheduler and cfg.lr_step_per == "iteration": self.scheduler.step()
         if "loss" in logs: losses.append(logs["loss"])
         if self.step % cfg.log_every == 0: self.log({"epoch": e, "step": self.step, "kind": "step", **logs})
-    rec = {"train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
+    if self.scheduler and cfg.lr_step_per == "epoch": self.scheduler.step()
+    rec = {"lr": [g["lr"] for g in self.optimizer.param_groups], "train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
            **self.method.end_epoch(self, e)}
     if e % cfg.eval_every == 0 or e == cfg.epochs: rec.update(self.evaluate()); rec.update(self.validate())
     return rec
