@@ -19,7 +19,7 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
 
 # %% auto #0
 __all__ = ['TrainConfig', 'ConfigError', 'preset_config', 'seed_everything', 'resolve_device', 'LabelledSubset',
-           'build_scheduler', 'Trainer', 'environment', 'select_epoch', 'train']
+           'build_optimizer', 'build_scheduler', 'Trainer', 'environment', 'select_epoch', 'train']
 
 # %% ../nbs/08_train.ipynb #e4dc60f9
 @dataclass
@@ -28,8 +28,11 @@ class TrainConfig:
     dataset: str = "glyphs"          # a registered dataset: glyphs, digits, cub200, cars196, sop, market1501, veri776 ...
     data_root: str | None = None     # folder holding the dataset (built-in data: its cache folder)
     dataset_kwargs: dict = field(default_factory=dict) # its constructor arguments, e.g. {"size": 16} for smaller glyphs
+    transform: str | None = None     # an image pipeline of dml_book.data.transforms (e.g. retrieval227); None: the dataset's own
     backbone: str = "smallcnn"       # smallcnn, resnet18, resnet50 or googlenet
     embedding_dim: int = 64          # size of the embedding
+    head: str = "linear"             # linear: a layer from the features to the embedding; identity: the features are the embedding
+    last_stride: int = 2             # 1: no down-sampling in a ResNet's last stage (re-identification, DMML)
     normalize: bool = True           # L2-normalise embeddings
     pretrained: bool = False         # ImageNet weights for torchvision backbones
     weights_path: str | None = None  # local backbone weights instead of a download
@@ -44,7 +47,8 @@ class TrainConfig:
     m_per_class: int = 4             # images per class in a class-balanced batch
     lr_backbone: float = 1e-3        # learning rate of the backbone
     lr_head: float = 1e-3            # learning rate of the head, the loss's and the method's parameters
-    weight_decay: float = 1e-4       # Adam's weight decay
+    weight_decay: float = 1e-4       # the optimiser's weight decay
+    optimizer: str = "auto"          # adam or sgd; auto: the method's own choice (ALA: sgd, its eqs. 10 and 13), else adam
     lr_schedule: str = "constant"    # constant, step, multistep or exponential (torch.optim.lr_scheduler) on the main optimiser
     lr_step_size: int = 1            # step: decay every this many scheduler steps
     lr_milestones: tuple = ()        # multistep: the scheduler steps at which to decay
@@ -105,6 +109,13 @@ class LabelledSubset(torch.utils.data.Dataset):
         return x, self._map[int(y)]
 
 # %% ../nbs/08_train.ipynb #4b641726
+def build_optimizer(cfg: TrainConfig, groups: list[dict], method=None) -> torch.optim.Optimizer:
+    "The run's optimiser over `groups`: `cfg.optimizer`, or for `auto` the method's `optimizer_name` (else Adam)."
+    name = cfg.optimizer if cfg.optimizer != "auto" else getattr(method, "optimizer_name", "adam")
+    if name == "adam": return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
+    if name == "sgd": return torch.optim.SGD(groups, lr=cfg.lr_head, weight_decay=cfg.weight_decay)
+    raise ConfigError(f"unknown optimizer {name!r}; choose from: adam, auto, sgd")
+
 def _load_registries():
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
 
@@ -114,7 +125,12 @@ def _build_split(cfg, split: str, train: bool):
     if set(cfg.dataset_kwargs) - set(accepted):
         raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
                           f"it accepts: {', '.join(accepted) or 'none'}")
-    return cls(cfg.data_root, split, transform=cls.default_transform(train), **cfg.dataset_kwargs)
+    transform = cls.default_transform(train)
+    if cfg.transform is not None:
+        if transform is None: raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
+        from dml_book.data.transforms import get_transform
+        transform = get_transform(cfg.transform, train)
+    return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
 
 _SCHEDULES = ("constant", "step", "multistep", "exponential")
 
@@ -139,7 +155,7 @@ class Trainer:
         self._build_data(); self._build_model()
         self.method.setup(self)
         self.model.to(self.device); self.method.to(self.device)
-        self.optimizer = torch.optim.Adam(self.param_groups(), weight_decay=cfg.weight_decay)
+        self.optimizer = build_optimizer(cfg, self.param_groups(), self.method)
         self.scheduler = build_scheduler(self.optimizer, cfg)
         if self.dist.enabled: self._synchronise()
         self._build_sampler()
@@ -161,11 +177,13 @@ def _build_data(self: Trainer):
 def _build_model(self: Trainer):
     cfg = self.cfg
     self.model = build_model(cfg.backbone, cfg.embedding_dim, cfg.pretrained, cfg.weights_path, cfg.normalize,
-                             in_channels=self.train_ds[0][0].shape[0])
+                             in_channels=self.train_ds[0][0].shape[0], head=cfg.head,
+                             last_stride=cfg.last_stride)
     if self.method.own_loss: return self._use_method_loss()
     loss_cls, kw = LOSSES.get(cfg.loss), dict(cfg.loss_kwargs)
     if getattr(loss_cls, "uses_proxies", False):
         kw.setdefault("num_classes", len(self.train_ds.class_names)); kw.setdefault("embedding_size", cfg.embedding_dim)
+    if kw.get("per_class"): kw.setdefault("num_classes", len(self.train_ds.class_names))   # e.g. one margin beta per class
     self.loss_fn = loss_cls(**kw).to(self.device)
     self.miner = MINERS.get(cfg.miner)(**cfg.miner_kwargs) if cfg.miner else None
 
@@ -182,10 +200,16 @@ def _use_method_loss(self: Trainer):
 # %% ../nbs/08_train.ipynb #5284bb9f
 @patch
 def param_groups(self: Trainer) -> list[dict]:
-    "Backbone at `lr_backbone`; head and loss parameters at `lr_head`; then the method's groups."
-    head = list(self.model.head.parameters()) + list(self.loss_fn.parameters())
-    return [{"params": list(self.model.backbone.parameters()), "lr": self.cfg.lr_backbone, "name": "backbone"},
-            {"params": head, "lr": self.cfg.lr_head, "name": "head"}, *self.method.param_groups(self)]
+    "Backbone at `lr_backbone`; head and loss parameters at `lr_head` (a learned margin beta: its own rate, no decay); the method's."
+    loss_params = dict(self.loss_fn.named_parameters())
+    beta = loss_params.pop("beta", None)
+    head = list(self.model.head.parameters()) + list(loss_params.values())
+    groups = [{"params": list(self.model.backbone.parameters()), "lr": self.cfg.lr_backbone, "name": "backbone"},
+              {"params": head, "lr": self.cfg.lr_head, "name": "head"}]
+    if beta is not None:
+        groups.append({"params": [beta], "lr": getattr(self.loss_fn, "beta_lr", None) or self.cfg.lr_head,
+                       "weight_decay": 0.0, "name": "beta"})
+    return [*groups, *self.method.param_groups(self)]
 
 @patch
 def _synchronise(self: Trainer):
