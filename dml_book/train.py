@@ -33,6 +33,7 @@ class TrainConfig:
     embedding_dim: int = 64          # size of the embedding
     head: str = "linear"             # linear: a layer from the features to the embedding; identity: the features are the embedding
     last_stride: int = 2             # 1: no down-sampling in a ResNet's last stage (re-identification, DMML)
+    freeze_bn: bool = False          # freeze the backbone's BatchNorm: statistics and affine parameters stay as loaded
     normalize: bool = True           # L2-normalise embeddings
     pretrained: bool = False         # ImageNet weights for torchvision backbones
     weights_path: str | None = None  # local backbone weights instead of a download
@@ -178,7 +179,7 @@ def _build_model(self: Trainer):
     cfg = self.cfg
     self.model = build_model(cfg.backbone, cfg.embedding_dim, cfg.pretrained, cfg.weights_path, cfg.normalize,
                              in_channels=self.train_ds[0][0].shape[0], head=cfg.head,
-                             last_stride=cfg.last_stride)
+                             last_stride=cfg.last_stride, freeze_bn=cfg.freeze_bn)
     if self.method.own_loss: return self._use_method_loss()
     loss_cls, kw = LOSSES.get(cfg.loss), dict(cfg.loss_kwargs)
     if getattr(loss_cls, "uses_proxies", False):

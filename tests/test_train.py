@@ -90,3 +90,19 @@ def test_bad_lr_schedule_is_named(tmp_path):
     from dml_book.train import Trainer, ConfigError
     with pytest.raises(ConfigError, match="unknown lr_schedule 'cosine'"):
         Trainer(**{**SCHED, "lr_schedule": "cosine"}, out=str(tmp_path))
+
+
+def test_frozen_batchnorm_keeps_a_resnet18s_statistics_and_affine_parameters(one_thread):
+    import torch
+    from dml_book.models import build_model
+    torch.manual_seed(0)
+    model = build_model("resnet18", 8, pretrained=False, in_channels=3, freeze_bn=True).train()
+    frozen = {k: v.clone() for k, v in model.backbone.state_dict().items() if "bn" in k or "downsample.1" in k}
+    assert frozen and not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    conv = model.backbone.conv1.weight.detach().clone(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3, 32, 32)).pow(2).sum().backward(); opt.step()
+    after = model.backbone.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in frozen.items())          # running stats, weight and bias untouched
+    assert not torch.equal(model.backbone.conv1.weight, conv)                 # while the convolutions do train
+    with pytest.raises(ValueError, match="freeze_bn applies to pretrained torchvision backbones"):
+        build_model("smallcnn", 8, freeze_bn=True)
