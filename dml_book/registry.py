@@ -10,7 +10,11 @@ from typing import Callable
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'UnknownNameError', 'Registry']
+__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'ConfigError', 'UnknownNameError', 'Registry']
+
+# %% ../nbs/00_registry.ipynb #1a2e7782
+class ConfigError(ValueError):
+    "A training configuration that cannot run."
 
 # %% ../nbs/00_registry.ipynb #6ff87b5b
 class UnknownNameError(ValueError):

@@ -14,6 +14,7 @@ from fastcore.basics import patch
 from ..distances import euclidean, check_batch
 from ..metrics import evaluate
 from ..registry import METHODS, DATASETS
+from ..data.core import LabelledSubset, build_split
 from .base import Method
 from ..distributed import broadcast_object
 from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward
@@ -255,10 +256,9 @@ def setup(self: PADS, trainer):
     ds = trainer.train_ds
     tr, va = validation_split(ds.labels, self.val_fraction, self.val_by_class, self.seed)
     by_class = len(np.intersect1d(np.asarray(ds.labels)[tr], np.asarray(ds.labels)[va])) == 0
-    from dml_book.train import LabelledSubset, _build_split
     trainer.train_ds = LabelledSubset(ds, tr, relabel=by_class)
     _, va_base = _unwrap(ds, va)
-    self.val_ds = LabelledSubset(_build_split(trainer.cfg, "train", False), va_base, relabel=True)   # no augmentation
+    self.val_ds = LabelledSubset(build_split(trainer.cfg, "train", False), va_base, relabel=True)   # no augmentation
     if max(self.recall_ks) >= len(self.val_ds):
         raise ValueError(f"recall_ks {self.recall_ks} need more than {max(self.recall_ks)} validation images; "
                          f"the reward split has {len(self.val_ds)}: lower recall_ks or raise val_fraction")
