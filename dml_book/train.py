@@ -345,7 +345,7 @@ def keep_if_best(self: Trainer):
 
 @patch
 def write_metrics(self: Trainer):
-    "Write `metrics.json` (and `umap.png` when `cfg.umap`)."
+    "Write `metrics.json`; the final test embedding stays in `last_embedding` for a caller to draw."
     epochs = [r for r in self.history if r.get("kind") == "epoch"]
     evaluated = [r for r in epochs if "R@1" in r or "mAP" in r]
     self.final_metrics = _metrics(evaluated[-1])
