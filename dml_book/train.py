@@ -14,6 +14,7 @@ from fastprogress.fastprogress import progress_bar
 from .registry import DATASETS, LOSSES, MINERS, METHODS, ConfigError
 from .data.core import LabelledSubset, build_split
 from .models import build_model
+from .methods.base import Method
 from .samplers import ClassBalancedBatchSampler
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, broadcast_object)
@@ -89,12 +90,15 @@ def _load_registries():
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
-    def __init__(self, cfg: TrainConfig | None = None, **overrides):
+    def __init__(self, cfg: TrainConfig | None = None, # the run; None: `TrainConfig()`
+                 method: Method | str | None = None, # a `Method` object to train (e.g. a chapter's own class), or a registered name
+                 **overrides): # `TrainConfig` fields that replace those of `cfg`
+        if isinstance(method, str): overrides["method"], method = method, None
         self.cfg = cfg = replace(cfg or TrainConfig(), **overrides)
         _load_registries(); seed_everything(cfg.seed)
         self.dist = init_distributed()  # under torchrun: rank, world size (see `dml_book.distributed`)
         self.device, self.out = resolve_device(cfg.device, self.dist.local_rank), Path(cfg.out)
-        self.method = METHODS.get(cfg.method)(**cfg.method_kwargs)
+        self.method = method if method is not None else METHODS.get(cfg.method)(**cfg.method_kwargs)
         self._build_data(); self._build_model()
         self.method.setup(self)
         self.model.to(self.device); self.method.to(self.device)
@@ -158,7 +162,7 @@ def _synchronise(self: Trainer):
     "Under torchrun: start from rank 0's state; every optimiser (the method's too) averages gradients before stepping."
     if self.device.type == "cuda": self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)  # global BN statistics
     for m in (self.model, self.loss_fn, self.method): broadcast_state(m)
-    for opt in [self.optimizer, *(v for v in vars(self.method).values() if isinstance(v, torch.optim.Optimizer))]:
+    for opt in [self.optimizer, *self.method.optimizers()]:
         sync_optimizer(opt)
 
 @patch

@@ -251,7 +251,6 @@ def setup(self: PADS, trainer):
     "Hold out the validation images (embedded with the evaluation transform) and set the initial distribution."
     self.distribution.set_probs(init_probs(self.init, self.distribution.centers, dim=trainer.model.embedding_dim))
     self.trajectory = [self.distribution.probs.tolist()]
-    self.policy_opt = self.learner.optimizer   # a direct attribute: the trainer averages its gradients under torchrun
     if not self.adapt: return
     ds = trainer.train_ds
     tr, va = validation_split(ds.labels, self.val_fraction, self.val_by_class, self.seed)
@@ -265,6 +264,12 @@ def setup(self: PADS, trainer):
 @patch
 def param_groups(self: PADS, trainer) -> list[dict]: return []  # the policy has its own optimiser
 
+
+# %% ../../nbs/23_methods.pads.ipynb #d83dd724
+@patch
+def optimizers(self: PADS) -> list[torch.optim.Optimizer]:
+    "The policy's optimiser."
+    return [self.learner.optimizer]
 
 # %% ../../nbs/23_methods.pads.ipynb #44c94fc6
 @patch
