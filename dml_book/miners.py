@@ -14,7 +14,7 @@ from .registry import MINERS
 from .distances import check_batch, euclidean, squared_euclidean, pair_masks
 
 # %% auto #0
-__all__ = ['Miner', 'SemiHardMiner', 'BatchHardMiner', 'DistanceWeightedMiner']
+__all__ = ['Miner', 'SemiHardMiner', 'BatchHardMiner', 'DistanceWeightedMiner', 'RandomTripletMiner']
 
 # %% ../nbs/05_miners.ipynb #7bf79603
 class Miner:
@@ -88,3 +88,13 @@ def _mine_dw(self: DistanceWeightedMiner, embeddings, labels):
     if len(a) == 0: return a, p, a.clone()
     return a, p, torch.multinomial(probs[a], 1, replacement=True)[:, 0]
 DistanceWeightedMiner.mine = _mine_dw
+
+# %% ../nbs/05_miners.ipynb #4d3a87bf
+@MINERS.register("random")
+class RandomTripletMiner(Miner):
+    "One triplet per anchor: a positive and a negative of the batch, each drawn uniformly at random."
+    def mine(self, embeddings, labels):
+        pos, neg = pair_masks(labels)
+        a = torch.where(pos.any(1) & neg.any(1))[0]
+        if len(a) == 0: return a, a.clone(), a.clone()
+        return a, torch.multinomial(pos[a].float(), 1)[:, 0], torch.multinomial(neg[a].float(), 1)[:, 0]

@@ -15,21 +15,30 @@ __all__ = ['BACKBONES', 'EmbeddingHead', 'EmbeddingNet', 'SmallCNN', 'Pretrained
 
 # %% ../nbs/07_models.ipynb #7d98494e
 class EmbeddingHead(nn.Module):
-    "A linear map from features to the embedding, optionally L2-normalised."
-    def __init__(self, in_features: int, embedding_dim: int, normalize: bool = True):
+    "A linear map from features to the embedding (or the features themselves), optionally L2-normalised."
+    def __init__(self, in_features: int, # size of the features y
+                 embedding_dim: int, # size of the embedding z
+                 normalize: bool = True, # L2-normalise z
+                 linear: bool = True): # False: z is y itself (embedding_dim must equal in_features)
         super().__init__()
-        self.fc, self.normalize = nn.Linear(in_features, embedding_dim), normalize
+        if not linear and embedding_dim != in_features:
+            raise ValueError(f"an identity head keeps the {in_features} features as the embedding; "
+                             f"embedding_dim is {embedding_dim}: set it to {in_features}")
+        self.fc = nn.Linear(in_features, embedding_dim) if linear else nn.Identity()
+        self.normalize = normalize
     def forward(self, y):
         z = self.fc(y)
         return F.normalize(z, dim=-1) if self.normalize else z
 
 class EmbeddingNet(nn.Module):
     "`backbone` (images -> features y) followed by `head` (features -> embedding z)."
-    def __init__(self, backbone: nn.Module, feature_dim: int, embedding_dim: int, normalize: bool = True):
+    def __init__(self, backbone: nn.Module, feature_dim: int, embedding_dim: int, normalize: bool = True,
+                 linear_head: bool = True): # False: the embedding is the backbone's features
         super().__init__()
         self.backbone, self.feature_dim, self.embedding_dim = backbone, feature_dim, embedding_dim
-        self.head = EmbeddingHead(feature_dim, embedding_dim, normalize)
+        self.head = EmbeddingHead(feature_dim, embedding_dim, normalize, linear_head)
     def forward(self, x): return self.head(self.backbone(x))
+
 
 # %% ../nbs/07_models.ipynb #3f61f970
 def _block(cin, cout):
@@ -58,10 +67,21 @@ def _weights_error(name, err):
         f"{Path(torch.hub.get_dir())/'checkpoints'}")
 
 # %% ../nbs/07_models.ipynb #f355b828
-def torchvision_backbone(name: str, pretrained: bool = False, weights_path: str | Path | None = None) -> nn.Module:
+def _remove_last_downsampling(model: nn.Module, name: str):
+    "Stride 1 in the first block of a ResNet's last stage (`layer4`): twice the feature map's height and width."
+    if not hasattr(model, "layer4"): raise ValueError(f"last_stride=1 applies to ResNet backbones, not {name}")
+    block = model.layer4[0]
+    for conv in (block.conv1, block.conv2, block.downsample[0]):   # BasicBlock strides conv1, Bottleneck conv2
+        if conv.stride == (2, 2): conv.stride = (1, 1)
+
+def torchvision_backbone(name: str, # a key of BACKBONES
+                         pretrained: bool = False, # ImageNet weights through torchvision's weights API
+                         weights_path: str | Path | None = None, # a local state dict instead of a download
+                         last_stride: int = 2) -> nn.Module: # 1: no down-sampling in ResNet's last stage (re-id)
     "A torchvision classifier without its last layer, optionally with ImageNet weights (downloaded or from a file)."
     import torchvision   # imported on use: it takes seconds, and SmallCNN runs without it
     if name not in BACKBONES: raise ValueError(f"unknown backbone {name!r}; choose from: smallcnn, {', '.join(BACKBONES)}")
+    if last_stride not in (1, 2): raise ValueError(f"last_stride must be 1 or 2, got {last_stride}")
     kw = dict(aux_logits=False, init_weights=False) if name == "googlenet" else {}
     weights = None
     if pretrained and not weights_path:
@@ -74,8 +94,10 @@ def torchvision_backbone(name: str, pretrained: bool = False, weights_path: str 
         if not p.is_file(): raise FileNotFoundError(f"weights file {p} does not exist")
         state = {k: v for k, v in torch.load(p, map_location="cpu", weights_only=True).items() if not k.startswith(("fc.", "aux"))}
         model.load_state_dict(state, strict=False)
+    if last_stride == 1: _remove_last_downsampling(model, name)
     model.fc = nn.Identity()
     return model
+
 
 # %% ../nbs/07_models.ipynb #34019ecb
 class RepeatChannels(nn.Module):
@@ -88,11 +110,16 @@ def build_model(backbone: str = "smallcnn", # "smallcnn", "resnet18", "resnet50"
                 pretrained: bool = False, # ImageNet weights for torchvision backbones
                 weights_path: str | Path | None = None, # local weights file instead of a download
                 normalize: bool = True, # L2-normalise the embedding
-                in_channels: int = 1) -> EmbeddingNet: # image channels (1 for the built-in data)
+                in_channels: int = 1, # image channels (1 for the built-in data)
+                head: str = "linear", # "linear", or "identity": the backbone's features are the embedding
+                last_stride: int = 2) -> EmbeddingNet: # 1: no down-sampling in a ResNet's last stage
     "An `EmbeddingNet` with the named backbone and a linear (optionally normalised) head."
+    if head not in ("linear", "identity"): raise ValueError(f"unknown head {head!r}; choose from: identity, linear")
     if backbone == "smallcnn":
+        if last_stride != 2: raise ValueError("last_stride applies to ResNet backbones, not smallcnn")
         bb = SmallCNN(in_channels); dim = bb.feature_dim
     else:
-        bb = torchvision_backbone(backbone, pretrained, weights_path); dim = BACKBONES[backbone]
+        bb = torchvision_backbone(backbone, pretrained, weights_path, last_stride); dim = BACKBONES[backbone]
         if in_channels == 1: bb = nn.Sequential(RepeatChannels(3), bb)
-    return EmbeddingNet(bb, dim, embedding_dim, normalize)
+    return EmbeddingNet(bb, dim, embedding_dim, normalize, linear_head=head == "linear")
+

@@ -28,8 +28,11 @@ class TrainConfig:
     dataset: str = "glyphs"          # a registered dataset: glyphs, digits, cub200, cars196, sop, market1501, veri776 ...
     data_root: str | None = None     # folder holding the dataset (built-in data: its cache folder)
     dataset_kwargs: dict = field(default_factory=dict) # its constructor arguments, e.g. {"size": 16} for smaller glyphs
+    transform: str | None = None     # an image pipeline of dml_book.data.transforms (e.g. retrieval227); None: the dataset's own
     backbone: str = "smallcnn"       # smallcnn, resnet18, resnet50 or googlenet
     embedding_dim: int = 64          # size of the embedding
+    head: str = "linear"             # linear: a layer from the features to the embedding; identity: the features are the embedding
+    last_stride: int = 2             # 1: no down-sampling in a ResNet's last stage (re-identification, DMML)
     normalize: bool = True           # L2-normalise embeddings
     pretrained: bool = False         # ImageNet weights for torchvision backbones
     weights_path: str | None = None  # local backbone weights instead of a download
@@ -109,7 +112,12 @@ def _build_split(cfg, split: str, train: bool):
     if set(cfg.dataset_kwargs) - set(accepted):
         raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
                           f"it accepts: {', '.join(accepted) or 'none'}")
-    return cls(cfg.data_root, split, transform=cls.default_transform(train), **cfg.dataset_kwargs)
+    transform = cls.default_transform(train)
+    if cfg.transform is not None:
+        if transform is None: raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
+        from dml_book.data.transforms import get_transform
+        transform = get_transform(cfg.transform, train)
+    return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
@@ -143,11 +151,13 @@ def _build_data(self: Trainer):
 def _build_model(self: Trainer):
     cfg = self.cfg
     self.model = build_model(cfg.backbone, cfg.embedding_dim, cfg.pretrained, cfg.weights_path, cfg.normalize,
-                             in_channels=self.train_ds[0][0].shape[0])
+                             in_channels=self.train_ds[0][0].shape[0], head=cfg.head,
+                             last_stride=cfg.last_stride)
     if self.method.own_loss: return self._use_method_loss()
     loss_cls, kw = LOSSES.get(cfg.loss), dict(cfg.loss_kwargs)
     if getattr(loss_cls, "uses_proxies", False):
         kw.setdefault("num_classes", len(self.train_ds.class_names)); kw.setdefault("embedding_size", cfg.embedding_dim)
+    if kw.get("per_class"): kw.setdefault("num_classes", len(self.train_ds.class_names))   # e.g. one margin beta per class
     self.loss_fn = loss_cls(**kw).to(self.device)
     self.miner = MINERS.get(cfg.miner)(**cfg.miner_kwargs) if cfg.miner else None
 
@@ -164,10 +174,16 @@ def _use_method_loss(self: Trainer):
 # %% ../nbs/08_train.ipynb #5284bb9f
 @patch
 def param_groups(self: Trainer) -> list[dict]:
-    "Backbone at `lr_backbone`; head and loss parameters at `lr_head`; then the method's groups."
-    head = list(self.model.head.parameters()) + list(self.loss_fn.parameters())
-    return [{"params": list(self.model.backbone.parameters()), "lr": self.cfg.lr_backbone, "name": "backbone"},
-            {"params": head, "lr": self.cfg.lr_head, "name": "head"}, *self.method.param_groups(self)]
+    "Backbone at `lr_backbone`; head and loss parameters at `lr_head` (a learned margin beta: its own rate, no decay); the method's."
+    loss_params = dict(self.loss_fn.named_parameters())
+    beta = loss_params.pop("beta", None)
+    head = list(self.model.head.parameters()) + list(loss_params.values())
+    groups = [{"params": list(self.model.backbone.parameters()), "lr": self.cfg.lr_backbone, "name": "backbone"},
+              {"params": head, "lr": self.cfg.lr_head, "name": "head"}]
+    if beta is not None:
+        groups.append({"params": [beta], "lr": getattr(self.loss_fn, "beta_lr", None) or self.cfg.lr_head,
+                       "weight_decay": 0.0, "name": "beta"})
+    return [*groups, *self.method.param_groups(self)]
 
 @patch
 def _synchronise(self: Trainer):

@@ -93,7 +93,7 @@ def _fake_trainer(seed=0, emb=12, **kw):
 
 
 def test_learners_get_no_gradient_through_the_compositors_input():
-    tr, method, x, labels = _fake_trainer()
+    tr, method, x, labels = _fake_trainer(normalize_composites=False)   # eq. 6's raw composites, to compare with compose
     g = tr.model.head.sub_embeddings(tr.model.backbone(x))
     terms = method.losses(tr, g, labels)
     W = tr.model.head.fc.weight
@@ -153,8 +153,8 @@ def test_fc_composer_reaches_learners():
 
 
 def test_pluggable_subtasks_and_bad_input():
-    tr, method, x, labels = _fake_trainer(subtasks=["triplet"])
-    assert len(method.subtask_losses) == 1
+    tr, method, x, labels = _fake_trainer(subtasks=["triplet", "contrastive"])
+    assert [type(l).__name__ for l in method.subtask_losses] == ["TripletLoss", "ContrastiveLoss"] * 2   # cycled over M = 4
     with pytest.raises(ValueError, match="unknown loss 'nope'"): DCML(subtasks="nope")
     with pytest.raises(ValueError, match="not divisible by n_learners"): _fake_trainer(emb=10)
     with pytest.raises(ValueError, match="both are off"): DCML(use_discriminative=False, use_subtasks=False)
@@ -211,10 +211,17 @@ def test_presets_are_valid_configs():
         cfg = preset_config("dcml", name)
         assert isinstance(cfg, TrainConfig)
         DCML(**cfg.method_kwargs)                             # every preset's kwargs construct the method
-    paper = preset_config("dcml", "paper")
-    assert (paper.embedding_dim, paper.method_kwargs["learner_dim"], paper.method_kwargs["n_compositors"]) == (512, 128, 8)
-    assert (paper.method_kwargs["lambda_m"], paper.method_kwargs["lambda_r"]) == (1.0, 0.05)
-    assert (paper.loss, paper.miner) == ("margin", "distance_weighted")
+    for ds in ("cub200", "cars196", "sop"):   # Sec. 4.2
+        paper = preset_config("dcml", ds)
+        assert (paper.dataset, paper.backbone, paper.pretrained) == (ds, "resnet50", True)
+        assert (paper.embedding_dim, paper.method_kwargs["learner_dim"], paper.method_kwargs["n_compositors"]) == (512, 128, 8)
+        assert (paper.method_kwargs["lambda_m"], paper.method_kwargs["lambda_r"]) == (1.0, 0.05)
+        assert (paper.batch_size, paper.lr_backbone, paper.lr_head, paper.transform) == (112, 1e-6, 1e-6, "randomresized224")
+        assert (paper.loss, paper.miner) == ("margin", "distance_weighted")          # DCML-MDW
+        assert paper.ks == ((1, 10, 100, 1000) if ds == "sop" else (1, 2, 4, 8))     # Tables 3-5
+    for v, (loss, miner) in {"tr": ("triplet", "random"), "tsh": ("triplet", "semihard"), "pn": ("proxynca", None)}.items():
+        cfg = preset_config("dcml", f"cub200-{v}")                                   # the row pairs of Tables 3-5
+        assert (cfg.loss, cfg.miner) == (loss, miner) and cfg.batch_size == 112
     assert set(DCML.ablations) <= set(DCML.presets)
 
 
@@ -233,3 +240,72 @@ def test_subtask_loss_is_the_sum_over_composites(normalize):
     if normalize: z = F.normalize(z, dim=-1)
     torch.testing.assert_close(out["sub"], sum(tr.loss_fn(z[:, m], labels) for m in range(4)))   # eq. 8
     torch.testing.assert_close(out["dis"], tr.loss_fn(g.flatten(1) / math.sqrt(3), labels))
+
+
+def test_without_jt_the_subtasks_train_the_learners_but_not_the_compositors():
+    "Table 1's 'w/o J_T': J_T still reaches the learners (unchanged), but no longer the compositors."
+    tr, full, x, labels = _fake_trainer()
+    _, ablated, _, _ = _fake_trainer(jt_trains_compositor=False)
+    ablated.load_state_dict(full.state_dict()); tr2 = tr
+    g = tr.model.head.sub_embeddings(tr.model.backbone(x))
+    W = tr.model.head.fc.weight
+    sub_full, sub_ablated = full.losses(tr, g, labels)["sub"], ablated.losses(tr2, g, labels)["sub"]
+    torch.testing.assert_close(sub_full, sub_ablated)                                          # same value
+    g_full = torch.autograd.grad(sub_full, [W, full.compositor.weighting], retain_graph=True)
+    g_abl = torch.autograd.grad(sub_ablated, [W, ablated.compositor.weighting], retain_graph=True, allow_unused=True)
+    torch.testing.assert_close(g_abl[0], g_full[0])                                            # learners: as before
+    assert g_full[1].abs().sum() > 0 and g_abl[1] is None                                      # compositors: nothing
+    rein = ablated.losses(tr2, g, labels)["rein"]
+    assert torch.autograd.grad(rein, ablated.compositor.weighting)[0].abs().sum() > 0          # J_rein still trains them
+    assert DCML.ablations["no_jt"] == dict(jt_trains_compositor=False)
+
+
+def test_relu_weighting_is_table_2s_exp_to_relu():
+    comp = _compositor()
+    relu = Compositor(20, 4, 6, weighting="relu"); relu.load_state_dict(comp.state_dict())
+    y = F.normalize(torch.randn(7, 20), dim=-1)
+    a = torch.einsum("bi,mki->bmk", y, comp.weighting) + comp.weighting_bias
+    want = a.clamp_min(0) / a.clamp_min(0).sum(-1, keepdim=True).clamp_min(1e-12)
+    torch.testing.assert_close(relu(y).abs(), want)
+    assert (relu(y) == 0).any()                                       # unlike the softmax, a learner can get no weight
+    with pytest.raises(ValueError, match="unknown weighting"): Compositor(20, 4, 6, weighting="exp")
+
+
+def test_margin_loss_and_sampler_on_composites_see_the_same_unit_vectors():
+    "The paper's set-up on the composites (margin loss + distance-weighted sampling), with lambda_m = 0.5."
+    from dml_book.losses import MarginLoss
+    from dml_book.miners import DistanceWeightedMiner
+    seen = {"miner": [], "loss": []}
+    class Recording(DistanceWeightedMiner):
+        def mine(self, e, l): seen["miner"].append(e.clone()); return super().mine(e, l)
+    class RecordingLoss(MarginLoss):
+        def forward(self, e, l, t=None, weights=None): seen["loss"].append(e.detach().clone()); return super().forward(e, l, t, weights)
+    tr, method, x, labels = _fake_trainer(lambda_m=0.5)
+    tr.loss_fn, tr.miner = RecordingLoss(), Recording()
+    g = tr.model.head.sub_embeddings(tr.model.backbone(x))
+    torch.manual_seed(3); out = method.losses(tr, g, labels)
+    torch.testing.assert_close(out["loss"], out["dis"] + 0.5 * out["sub"] + 0.05 * out["rein"])
+    assert len(seen["miner"]) == len(seen["loss"]) == 1 + 4                       # J_dis, then the 4 composites
+    for e_miner, e_loss in zip(seen["miner"][1:], seen["loss"][1:]):
+        torch.testing.assert_close(e_miner, e_loss)                               # the same composites ...
+        torch.testing.assert_close(e_loss.norm(dim=1), torch.ones(len(e_loss)))   # ... on the unit sphere
+    z, _ = method.composites(g)
+    torch.manual_seed(3); tr.loss_fn(g.flatten(1) / math.sqrt(3), labels, tr.miner(g.flatten(1) / math.sqrt(3), labels))
+    want = sum(tr.loss_fn(F.normalize(z[:, m], dim=-1), labels, tr.miner(F.normalize(z[:, m], dim=-1), labels)) for m in range(4))
+    torch.testing.assert_close(out["sub"], want)
+
+
+@pytest.mark.parametrize("variant", ["tr", "tsh", "pn"])
+def test_loss_variants_of_tables_3_to_5_train(tmp_path, variant, one_thread):
+    "DCML-TR, -TSH and -PN take training steps; PN's subtasks have proxies of the composites' size, one set each."
+    from dml_book.train import Trainer, preset_config
+    cfg = preset_config("dcml", f"builtin-{variant}", dataset_kwargs={"size": 16, "per_font": 1}, epochs=1,
+                        max_steps_per_epoch=2, batch_size=32, out=str(tmp_path))
+    tr = Trainer(cfg)
+    if variant == "pn":
+        proxies = [l.proxies for l in tr.method.subtask_losses]
+        assert len(proxies) == 8 and all(p.shape == (len(tr.train_ds.class_names), 16) for p in proxies)
+        assert len({p.data_ptr() for p in proxies}) == 8
+    tr.fit()
+    steps = [r for r in tr.history if r["kind"] == "step"]
+    assert len(steps) == 2 and all(math.isfinite(r["loss"]) and math.isfinite(r["sub"]) for r in steps)

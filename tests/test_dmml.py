@@ -181,7 +181,37 @@ def test_presets_are_train_configs():
         assert cfg.weight_decay == 1e-4 and cfg.epochs == 1200
         m = cfg.method_kwargs
         assert (m["n_classes"], m["n_support"], m["n_query"], m["margin"], m["distance"]) == (32, 5, 1, 0.4, "hard")
+        # Sec. 4.1: the pooled ResNet-50 feature is the embedding (no Linear head), last down-sampling removed
+        assert (cfg.head, cfg.last_stride, cfg.embedding_dim) == ("identity", 1, 2048)
         DMML(**m)                                                  # the kwargs construct the method
+
+
+def test_vehicle_and_person_pipelines_follow_the_paper():
+    "Sec. 4.1: people at 256 x 128 with flips and random erasing; Sec. 4.2: vehicles at 224 x 224 with flips only."
+    from torchvision import transforms as T
+    from dml_book.data.reid import Market1501, VeRi776
+    kinds = lambda t: [type(s).__name__ for s in t.transforms]
+    veri, market = VeRi776.default_transform(True), Market1501.default_transform(True)
+    assert "RandomErasing" not in kinds(veri) and "RandomHorizontalFlip" in kinds(veri)
+    assert "RandomErasing" in kinds(market)
+    from PIL import Image
+    img = Image.new("RGB", (300, 180), (120, 60, 30))
+    assert veri(img).shape == (3, 224, 224) and VeRi776.default_transform(False)(img).shape == (3, 224, 224)
+    assert market(img).shape == (3, 256, 128)
+
+
+def test_market_preset_takes_one_step_on_the_replica(tmp_path):
+    "The paper's Market-1501 preset, without pretrained weights, trains one episode on the archive's layout (a small episode)."
+    from dml_book.data.replicas import write_market
+    from dml_book.train import Trainer, preset_config
+    write_market(tmp_path/"data", train_ids=range(2, 8), test_ids=(11, 12), n_cams=3, per_cam=2)
+    cfg = preset_config("dmml", "market1501", data_root=str(tmp_path/"data"), pretrained=False, epochs=1,
+                        max_steps_per_epoch=1, device="cpu", out=str(tmp_path/"run"))
+    cfg.method_kwargs.update(n_classes=2, n_support=1, n_query=1, tasks_per_epoch=1)   # 4 images: one CPU step
+    tr = Trainer(cfg)
+    assert type(tr.model.head.fc).__name__ == "Identity" and tr.model.backbone.layer4[0].conv2.stride == (1, 1)
+    metrics = tr.fit()
+    assert sorted(metrics) == ["CMC@1", "CMC@10", "CMC@5", "mAP"] and all(math.isfinite(v) for v in metrics.values())
 
 
 @pytest.mark.slow

@@ -94,6 +94,10 @@ def test_parameter_files_name_only_parameters_of_their_notebook(path):
     assert given.get("device") == "cuda" and given.get("data_root")
     if "variants" in given:
         src = "\n".join(c.source for c in nbformat.read(str(ROOT/"nbs"/"experiments"/f"{name}.ipynb"), as_version=4).cells)
+        from dml_book.registry import METHODS
+        import dml_book.methods  # noqa: F401
+        if name in METHODS:   # a protocol may take its ablations from the method (DCML.ablations)
+            src += "".join(f'"{a}"' for a in getattr(METHODS.get(name), "ablations", {}))
         for v in given["variants"]: assert f'"{v}"' in src, f"{path.name}: variant {v} is not in {name}.ipynb's protocol"
 
 
@@ -112,3 +116,26 @@ def test_run_grid_launches_each_run_under_torchrun(tmp_path):
     with pytest.raises(ExperimentError, match="exited with") as e:   # a failing run: its own error, in the output tail
         run_grid({"bad": TrainConfig(dataset="digits", batch_size=64, m_per_class=8)}, out_dir=tmp_path, nproc_per_node=2)
     assert "a batch of 64 x 2 process(es) with m_per_class=8 needs 16 classes but the labels have only 5\n" in str(e.value)
+
+
+def test_dmml_experiment_reports_reid_metrics_on_the_market1501_layout(tmp_path):
+    "On re-identification data the DMML experiment reports mAP and CMC@k (the paper's Tables 1-4), not Recall@K."
+    import pandas as pd
+    from dml_book.data.replicas import write_market
+    write_market(tmp_path/"data", train_ids=tuple(range(2, 30, 2)), test_ids=(1, 3, 5, 7, 9))
+    out = tmp_path/"exp"
+    params = dict(dataset="market1501", data_root=str(tmp_path/"data"), dataset_kwargs={}, epochs=1,
+                  max_steps_per_epoch=2, variants=["baseline", "dmml-no_margin"], taus=[0.2], out_dir=str(out))
+    import papermill as pm
+    pm.execute_notebook(str(ROOT/"nbs"/"experiments"/"dmml.ipynb"), str(tmp_path/"dmml.ipynb"), parameters=params,
+                        kernel_name="python3", progress_bar=False, cwd=str(ROOT))
+    summary = pd.read_csv(out/"summary.csv")
+    assert set(summary.metric) >= {"mAP", "CMC@1", "CMC@5", "CMC@10"} and "R@1" not in set(summary.metric)
+    assert set(summary.variant) == {"baseline", "dmml-no_margin", "dmml-tau0.2"} and summary["mean"].between(0, 1).all()
+    from dml_book.methods.dmml import DMML
+    loss = {v: DMML(**json.loads((out/v/"seed0"/"metrics.json").read_text())["config"]["method_kwargs"]).loss
+            for v in ("dmml-no_margin", "dmml-tau0.2")}
+    assert (loss["dmml-no_margin"].variant, loss["dmml-no_margin"].margin) == ("none", 0.4)   # Table 4, w/o Margin
+    assert (loss["dmml-tau0.2"].variant, loss["dmml-tau0.2"].margin) == ("negative", 0.2)    # Table 4, tau = 0.2
+    assert list(pd.read_csv(out/"comparison.csv", index_col=0).columns) == ["mAP", "CMC@1"]
+    for f in ("learning_curves.png", "comparison.png"): assert (out/f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -49,14 +49,19 @@ def test_negative_frequencies_per_bin_match_p_chi_square():
     assert chisquare(counts[:30], torch.full((30,), counts.sum() / 30)).pvalue < 1e-6  # the test has power
 
 
-def test_negative_frequencies_match_p_on_a_random_batch():
-    "A random batch: P(bin k) = sum over anchors of p_k n_ak / sum_j p_j n_aj, checked by chi-square."
+@pytest.mark.parametrize("rule", ["bin", "candidate"])
+def test_negative_frequencies_match_p_on_a_random_batch(rule):
+    """A random batch. The paper's rule: a bin with p_k among the anchor's non-empty bins, then a negative in it, so
+    P(n | a) = (p_k / n_ak) / sum over non-empty bins j of p_j; the official weighting: P(bin k | a) = p_k n_ak / sum_j p_j n_aj."""
     emb, lab = _batch(n_classes=16, per_class=4, dim=3, seed=1)
     g = torch.Generator().manual_seed(0)
-    dist = BinnedDistribution(torch.rand(30, generator=g) + 0.05)
+    dist = BinnedDistribution(torch.rand(30, generator=g) + 0.05, rule=rule)
     D = euclidean(emb); neg = lab[:, None] != lab[None]
     k = bin_index(D, dist.edges)
     w = torch.where((k >= 0) & neg, dist.probs.float()[k.clamp_min(0)], torch.zeros(()))
+    if rule == "bin":   # divide by the anchor's number of candidates in the same bin, computed by brute force
+        n_ak = torch.tensor([[((k[i] == k[i, j]) & neg[i]).sum().item() for j in range(len(lab))] for i in range(len(lab))])
+        w = w / n_ak.clamp_min(1)
     P = w / w.sum(1, keepdim=True)                                   # every anchor has a positive here
     expected_per_draw = torch.zeros(30).index_add_(0, k[neg & (k >= 0)], P[neg & (k >= 0)])
     counts, rounds = torch.zeros(30), 400
@@ -77,10 +82,11 @@ def test_no_negative_outside_the_interval_is_ever_drawn(self_regularization):
     for seed in range(50):
         emb, lab = _batch(n_classes=6, per_class=5, dim=3, seed=seed)
         a, p, n = sample_triplets(emb, lab, dist, self_regularization=self_regularization, generator=g)
-        d = euclidean(emb)[a, n]
-        assert ((d >= 0.6) & (d <= 1.1)).all()
+        d, is_neg = euclidean(emb)[a, n], lab[a] != lab[n]
+        assert ((d >= 0.6) & (d <= 1.1))[is_neg].all()                 # negatives: the interval is a hard cut
+        assert (d[~is_neg] <= 1.1).all()                                # positives (self-regularisation): clipped into bin 0
         assert (lab[a] == lab[p]).all() and (a != p).all() and (a != n).all()
-        if not self_regularization: assert (lab[a] != lab[n]).all()
+        if not self_regularization: assert is_neg.all()
 
 
 def test_self_regularization_draws_positives_only_when_enabled():
@@ -275,7 +281,9 @@ def test_class_distances_brute_force():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="unknown initial distribution"): PADS(init="normal")
+    with pytest.raises(ValueError, match="unknown initial distribution"): PADS(init="gaussian")
+    with pytest.raises(ValueError, match="unknown sampling rule"): PADS(sampling_rule="weighted")
+    with pytest.raises(ValueError, match="must contain 1"): PADS(recall_ks=(2, 4))
     with pytest.raises(ValueError, match="update_every must be at least 1"): PADS(update_every=0)
     with pytest.raises(ValueError, match="choose from: ppo, reinforce"): PADS(algorithm="dqn")
     with pytest.raises(ValueError, match="choose from: a2c, ema"): PADS(baseline="none")
@@ -286,7 +294,12 @@ def test_registered_with_the_paper_presets():
     assert METHODS.get("pads") is PADS
     for name, beta in (("cub200", 0.6), ("cars196", 0.6), ("sop", 1.2)):
         p = PADS.presets[name]
-        assert (p["loss"], p["loss_kwargs"]["beta"], p["lr_backbone"], p["batch_size"]) == ("margin", beta, 1e-5, 112)
+        assert (p["loss"], p["loss_kwargs"]["beta"], p["lr_backbone"], p["batch_size"]) == ("margin", beta, 1e-5, 112)  # Sec. 5
+        assert p["loss_kwargs"]["per_class"] and p["loss_kwargs"]["learn_beta"]            # Wu et al. / official: beta per class
+        assert p["method_kwargs"]["self_regularization"]                                    # end of Sec. 4.2
+        ks = (1, 10, 100, 1000) if name == "sop" else (1, 2, 4, 8)                          # official k_vals
+        assert p["ks"] == p["method_kwargs"]["recall_ks"] == ks
+    assert PADS.presets["sop"]["method_kwargs"]["val_by_class"] is True                   # whole classes on SOP (official)
 
 
 def test_presets_are_valid_train_configs():
@@ -380,3 +393,44 @@ def test_short_run_improves_test_recall_and_logs_the_trajectory(tmp_path):
     assert len(traj) == 3 and all(abs(sum(p) - 1) < 1e-9 for p in traj)
     assert sum("reward" in r for r in log) == 2
     assert all(r["triplets"] > 0 for r in log if r["kind"] == "step")
+
+
+def test_margin_beta_per_class_has_its_own_rate_and_no_weight_decay(tmp_path):
+    "Wu et al. / the official PADS code: one beta per training class, learned at its own rate without weight decay."
+    from dml_book.train import Trainer
+    tr = Trainer(_cfg(tmp_path, loss="margin", weight_decay=1e-2,
+                      loss_kwargs=dict(beta=0.6, learn_beta=True, per_class=True, beta_lr=5e-4)))
+    n_classes = len(tr.train_ds.class_names)
+    assert tr.loss_fn.beta.shape == (n_classes,)
+    (group,) = [g for g in tr.optimizer.param_groups if g.get("name") == "beta"]
+    assert group["lr"] == 5e-4 and group["weight_decay"] == 0.0 and group["params"][0] is tr.loss_fn.beta
+    head = [g for g in tr.optimizer.param_groups if g.get("name") == "head"][0]
+    assert all(p is not tr.loss_fn.beta for p in head["params"])
+    emb = torch.nn.functional.normalize(torch.randn(8, 16), dim=1).requires_grad_()
+    labels = torch.tensor([0, 0, 1, 1, 0, 0, 1, 1])                 # classes 0 and 1 only
+    tr.loss_fn(emb, labels).backward()
+    g = tr.loss_fn.beta.grad
+    assert (g[2:] == 0).all() and g[:2].abs().sum() > 0              # absent classes' betas get no gradient
+    with pytest.raises(ValueError, match="per_class=True needs num_classes"):
+        from dml_book.losses import MarginLoss
+        MarginLoss(per_class=True)
+
+
+def test_reward_split_uses_the_evaluation_transform_and_whole_classes_on_small_classes(tmp_path):
+    "On the SOP layout replica with the SOP preset's split: no class is shared with training; images are not augmented."
+    from dml_book.data.replicas import write_sop
+    from dml_book.train import Trainer, preset_config
+    write_sop(tmp_path/"data", n_train=20, n_test=4, per_class=3)
+    cfg = preset_config("pads", "sop", data_root=str(tmp_path/"data"), pretrained=False, backbone="resnet18",
+                        val_fraction=0.2, batch_size=8, m_per_class=2, ks=(1, 2), device="cpu", out=str(tmp_path/"run"))
+    cfg.method_kwargs.update(recall_ks=(1, 2))
+    tr = Trainer(cfg)
+    m = tr.method
+    train_classes = {tr.train_ds.dataset.class_names[c] for c in tr.train_ds.dataset.labels[tr.train_ds.indices]} \
+        if hasattr(tr.train_ds.dataset, "class_names") else set()
+    val_names = {m.val_ds.class_names[c] for c in m.val_ds.labels}
+    assert val_names and not (val_names & train_classes)                      # whole classes held out
+    base = m.val_ds.dataset
+    assert "RandomCrop" not in repr(base.transform) and "Flip" not in repr(base.transform)   # the evaluation transform
+    x0, x1 = m.val_ds[0][0], m.val_ds[0][0]
+    assert torch.equal(x0, x1)                                                # deterministic: no augmentation

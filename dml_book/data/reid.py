@@ -115,5 +115,6 @@ class VeRi776(ReidImageDataset):
     folders = ("VeRi", "VeRi-776", "VeRi776")
     split_folders = {"train": "image_train", "query": "image_query", "gallery": "image_test"}
     name_format = "<id>_c<cam>_<frame>_<n>.jpg"
+    transform_preset = "vehicle224"   # the vehicles of DMML (Sec. 4.2): 224 x 224, horizontal flips, no erasing
     source = ("VeRi-776 (Liu et al., ICME 2016 / ECCV 2016) is released by its authors on request: see "
               "https://github.com/JDAI-CV/VeRidataset for how to apply. Extract the archive (folder VeRi/) into root.")

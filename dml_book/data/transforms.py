@@ -15,24 +15,30 @@ __all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'TRANSFORM_PRESETS', 'retrieval_tran
 # %% ../../nbs/01c_data.transforms.ipynb #3db08d9e
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
-def retrieval_transform(train: bool, crop: int = 224, resize: int = 256) -> Callable:
+def retrieval_transform(train: bool, # training (random) or testing (deterministic) pipeline
+                        crop: int = 224, # side of the square the network sees
+                        resize: int = 256, # images are first resized to resize x resize
+                        random_resized: bool = False) -> Callable: # train on random resized crops (DCML) instead of plain crops
     "Resize to `resize` x `resize`; random crop `crop` and flip when training, centre crop otherwise; ImageNet-normalise."
     from torchvision import transforms as T     # imported on use: torchvision takes seconds to import
-    aug = [T.RandomCrop(crop), T.RandomHorizontalFlip()] if train else [T.CenterCrop(crop)]
+    crop_t = T.RandomResizedCrop(crop) if random_resized else T.RandomCrop(crop)
+    aug = [crop_t, T.RandomHorizontalFlip()] if train else [T.CenterCrop(crop)]
     return T.Compose([T.Resize((resize, resize)), *aug, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
 def reid_transform(train: bool, size: tuple[int, int] = (256, 128), erase_p: float = 0.5) -> Callable:
     "Resize to `size` (h, w); flip and random erasing (probability `erase_p`) when training; ImageNet-normalise."
     from torchvision import transforms as T
     pre = [T.Resize(size)] + ([T.RandomHorizontalFlip()] if train else [])
-    post = [T.RandomErasing(p=erase_p, value=0)] if train else []
+    post = [T.RandomErasing(p=erase_p, value=0)] if train and erase_p > 0 else []
     return T.Compose([*pre, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD), *post])
 
 # %% ../../nbs/01c_data.transforms.ipynb #400fca6c
 TRANSFORM_PRESETS: dict[str, Callable[[bool], Callable]] = {
     "retrieval224": lambda train: retrieval_transform(train, 224),   # torchvision backbones
-    "retrieval227": lambda train: retrieval_transform(train, 227),   # Caffe GoogLeNet (HDML, DCML)
-    "reid256x128": lambda train: reid_transform(train),              # person / vehicle re-identification
+    "retrieval227": lambda train: retrieval_transform(train, 227),   # Caffe GoogLeNet (HDML)
+    "randomresized224": lambda train: retrieval_transform(train, 224, random_resized=True),  # DCML (Sec. 4.2)
+    "reid256x128": lambda train: reid_transform(train),              # person re-identification
+    "vehicle224": lambda train: reid_transform(train, (224, 224), erase_p=0),  # vehicles (DMML Sec. 4.2: 224 x 224, flips only)
 }
 
 def get_transform(name: str, train: bool) -> Callable:

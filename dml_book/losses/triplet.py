@@ -86,9 +86,12 @@ class MarginLoss(BaseLoss):
                  nu: float = 0., # weight of the penalty nu * beta (only when `learn_beta`)
                  learn_beta: bool = False, # make beta a parameter
                  num_classes: int|None = None, # one beta per class (indexed by the anchor's label)
+                 per_class: bool = False, # one beta per class of the training split (the trainer passes num_classes)
+                 beta_lr: float|None = None, # learning rate of beta in a trainer (None: the head's); beta has no weight decay
                  reduction: str = "mean_nonzero"): # "mean_nonzero" divides by the number of non-zero pair terms
         super().__init__(reduction)
-        self.margin, self.nu, self.learn_beta = margin, nu, learn_beta
+        if per_class and not num_classes: raise ValueError("per_class=True needs num_classes (the trainer passes it)")
+        self.margin, self.nu, self.learn_beta, self.beta_lr = margin, nu, learn_beta, beta_lr
         b = torch.full((num_classes or 1,), float(beta))
         if learn_beta: self.beta = nn.Parameter(b)
         else: self.register_buffer("beta", b)

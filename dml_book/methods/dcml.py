@@ -16,8 +16,8 @@ from .base import Method
 import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
 
 # %% auto #0
-__all__ = ['Learners', 'sign_ste', 'Compositor', 'compose', 'rein_loss', 'ensemble_weights', 'FCComposer', 'DCML',
-           'learner_distances']
+__all__ = ['Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose', 'rein_loss', 'ensemble_weights', 'FCComposer',
+           'DCML', 'learner_distances']
 
 # %% ../../nbs/22_methods.dcml.ipynb #14964b84
 class Learners(nn.Module):
@@ -52,21 +52,30 @@ class Compositor(nn.Module):
     def __init__(self, in_features: int, # size of y (K*D)
                  n_learners: int = 4, # K
                  n_compositors: int = 8, # M
-                 use_sign: bool = True): # False: c = t, the "without tanh" ablation
+                 use_sign: bool = True, # False: c = t, the "without tanh" ablation
+                 weighting: str = "softmax"): # "softmax" (eq. 4) or "relu": Table 2's "Exp -> ReLU"
         super().__init__()
         if min(in_features, n_learners, n_compositors) < 1:
             raise ValueError(f"in_features, n_learners and n_compositors must be >= 1, got {in_features}, {n_learners}, {n_compositors}")
-        self.n_learners, self.n_compositors, self.use_sign = n_learners, n_compositors, use_sign
+        if weighting not in ("softmax", "relu"): raise ValueError(f"unknown weighting {weighting!r}; choose from: relu, softmax")
+        self.n_learners, self.n_compositors, self.use_sign, self.weighting_fn = n_learners, n_compositors, use_sign, weighting
         self.weighting = nn.Parameter(torch.randn(n_compositors, n_learners, in_features))  # W_m, eq. 4
         self.weighting_bias = nn.Parameter(torch.zeros(n_compositors, n_learners))
         self.signing = nn.Parameter(torch.randn(n_compositors, n_learners, in_features))    # V_m, eq. 5
         self.signing_bias = nn.Parameter(torch.zeros(n_compositors, n_learners))
 
+
 # %% ../../nbs/22_methods.dcml.ipynb #4c6e76bc
+def relu_normalize(a: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    "ReLU(a) / sum ReLU(a) over the last axis: eq. 4 with the exponential replaced by a ReLU (all-zero rows stay 0)."
+    r = F.relu(a)
+    return r / r.sum(-1, keepdim=True).clamp_min(eps)
+
 @patch
 def scores(self: Compositor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     "Weighting score t (eq. 4) and sign score s (eq. 5), each (B, M, K)."
-    t = torch.softmax(torch.einsum("bi,mki->bmk", y, self.weighting) + self.weighting_bias, dim=-1)
+    a = torch.einsum("bi,mki->bmk", y, self.weighting) + self.weighting_bias
+    t = torch.softmax(a, dim=-1) if self.weighting_fn == "softmax" else relu_normalize(a)
     if not self.use_sign: return t, torch.ones_like(t)
     return t, sign_ste(torch.einsum("bi,mki->bmk", y, self.signing) + self.signing_bias)
 
@@ -75,6 +84,7 @@ def forward(self: Compositor, y: torch.Tensor) -> torch.Tensor:
     "The weights c = t * s, shape (B, M, K); |c| sums to 1 over K."
     t, s = self.scores(y)
     return t * s
+
 
 # %% ../../nbs/22_methods.dcml.ipynb #b6bb6e8d
 def compose(c: torch.Tensor, # weights (B, M, K)
@@ -113,8 +123,8 @@ class DCML(Method):
     def __init__(self, n_learners: int = 4, # K, number of learners
                  learner_dim: int | None = None, # D, size of a sub-embedding (None: cfg.embedding_dim // K)
                  n_compositors: int = 8, # M, number of compositors (and subtasks)
-                 lambda_m: float = 1.0, # weight of the subtask losses, eq. 9
-                 lambda_r: float = 0.05, # weight of the self-reinforced loss, eq. 9
+                 lambda_m: float = 1.0, # weight of the subtask losses, eq. 8
+                 lambda_r: float = 0.05, # weight of the self-reinforced loss, eq. 8
                  subtasks: list[str] | str | None = None, # loss names cycled over composites (None: the trainer's loss and miner)
                  use_compositor: bool = True, # False: subtasks on the sub-embeddings directly
                  use_rein: bool = True, # False: no self-reinforced loss
@@ -122,8 +132,10 @@ class DCML(Method):
                  use_discriminative: bool = True, # False: no discriminative loss on the concatenation
                  use_sign: bool = True, # False: no sign score (c = t)
                  fc_compositor: bool = False, # True: FC layers instead of compositors
+                 compositor_weighting: str = "softmax", # "relu": Table 2's Exp -> ReLU
+                 jt_trains_compositor: bool = True, # False: Table 1's "w/o J_T" (J_T trains the learners only)
                  lr_compositor: float | None = None, # learning rate of the compositors (None: cfg.lr_head)
-                 normalize_composites: bool = False): # L2-normalise z_m before the subtask losses
+                 normalize_composites: bool = True): # L2-normalise z_m before the subtask losses (as the sampler measures)
         super().__init__()
         if n_learners < 1 or n_compositors < 1: raise ValueError(f"n_learners and n_compositors must be >= 1, got {n_learners}, {n_compositors}")
         if not (use_discriminative or use_subtasks): raise ValueError("DCML needs the discriminative loss or the subtask losses (both are off)")
@@ -131,15 +143,17 @@ class DCML(Method):
         self.lambda_m, self.lambda_r = lambda_m, lambda_r
         self.use_compositor, self.use_rein, self.use_subtasks = use_compositor, use_rein, use_subtasks
         self.use_discriminative, self.use_sign, self.fc_compositor = use_discriminative, use_sign, fc_compositor
+        self.compositor_weighting, self.jt_trains_compositor = compositor_weighting, jt_trains_compositor
         self.lr_compositor, self.normalize_composites = lr_compositor, normalize_composites
-        names = [subtasks] if isinstance(subtasks, str) else list(subtasks or [])
-        self.subtask_losses = nn.ModuleList([LOSSES.get(n)() for n in names])  # unknown names fail here, listing the choices
-        self.compositor = None
+        self.subtask_names = [subtasks] if isinstance(subtasks, str) else list(subtasks or [])
+        for n in self.subtask_names: LOSSES.get(n)   # unknown names fail here, listing the choices
+        self.subtask_losses, self.compositor = nn.ModuleList(), None
+
 
 # %% ../../nbs/22_methods.dcml.ipynb #634d36d6
 @patch
 def setup(self: DCML, trainer):
-    "Replace `trainer.model.head` by the K learners and build the compositors."
+    "Replace `trainer.model.head` by the K learners, build the compositors and the subtask losses."
     model, K, M = trainer.model, self.n_learners, self.n_compositors
     if self.learner_dim is None:
         if trainer.cfg.embedding_dim % K: raise ValueError(f"embedding_dim {trainer.cfg.embedding_dim} is not divisible by n_learners {K}; set learner_dim")
@@ -148,9 +162,22 @@ def setup(self: DCML, trainer):
     model.head = Learners(model.feature_dim, K, D).to(trainer.device)
     model.embedding_dim = K * D
     if self.fc_compositor: self.compositor = FCComposer(K * D, D, M)
-    elif self.use_compositor: self.compositor = Compositor(K * D, K, M, self.use_sign)
+    elif self.use_compositor: self.compositor = Compositor(K * D, K, M, self.use_sign, self.compositor_weighting)
     else: self.register_buffer("ensemble", ensemble_weights(M, K))
+    names = self.subtask_names
+    if not names and getattr(trainer.loss_fn, "uses_proxies", False): names = [trainer.cfg.loss]   # proxies of size D
+    self.subtask_losses = nn.ModuleList([self._subtask_loss(trainer, names[m % len(names)]) for m in range(M)] if names else [])
     self.to(trainer.device)
+
+@patch
+def _subtask_loss(self: DCML, trainer, name: str) -> nn.Module:
+    "The loss `name` for one composite: the run's loss arguments if it is the run's loss; its own proxies of size D."
+    cls, cfg = LOSSES.get(name), trainer.cfg
+    kw = dict(getattr(cfg, "loss_kwargs", None) or {}) if name == getattr(cfg, "loss", None) else {}
+    if getattr(cls, "uses_proxies", False):
+        kw.update(num_classes=len(trainer.train_ds.class_names), embedding_size=self.learner_dim)
+    return cls(**kw)
+
 
 # %% ../../nbs/22_methods.dcml.ipynb #349f8d9c
 @patch
@@ -163,12 +190,14 @@ def param_groups(self: DCML, trainer) -> list[dict]:
 # %% ../../nbs/22_methods.dcml.ipynb #996d70f8
 @patch
 def composites(self: DCML, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    "Composites z (B, M, D) of sub-embeddings g (B, K, D) and their weights c (B, M, K) (None for the FC ablation)."
+    "Composites z (B, M, D) for the subtasks from sub-embeddings g (B, K, D), and the weights c (B, M, K) (None for FC)."
     y = g.flatten(1) / math.sqrt(g.shape[1])
     if self.fc_compositor: return self.compositor(y), None             # FC ablation: a plain head on y
     if not self.use_compositor: c = self.ensemble.expand(len(g), -1, -1)
     else: c = self.compositor(y.detach())                               # detached: learners cannot steer their weights
-    return compose(c, g), c                                             # eq. 6: J_sub reaches g_k through here
+    z = compose(c if self.jt_trains_compositor else c.detach(), g)      # eq. 6: J_T reaches g_k (and c_m) through here
+    return z, c
+
 
 # %% ../../nbs/22_methods.dcml.ipynb #1c7a13e7
 def _batch_loss(trainer, emb, labels):
@@ -177,7 +206,7 @@ def _batch_loss(trainer, emb, labels):
 
 @patch
 def losses(self: DCML, trainer, g: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-    "The terms of eq. 9 for sub-embeddings g (B, K, D): 'dis', 'sub' (eq. 8), 'rein' (eq. 7) and their weighted sum 'loss'."
+    "The terms of eq. 8 for sub-embeddings g (B, K, D): 'dis', 'sub' (the J_T), 'rein' (eq. 7) and their weighted sum 'loss'."
     K, D = g.shape[1:]
     g, labels = trainer.gather(g.flatten(1), labels)   # the global batch under torchrun: every term below sees it
     g = g.view(-1, K, D)
@@ -188,8 +217,7 @@ def losses(self: DCML, trainer, g: torch.Tensor, labels: torch.Tensor) -> dict[s
     z, c = self.composites(g)
     if self.normalize_composites: z = F.normalize(z, dim=-1)
     if self.use_subtasks:
-        n = len(self.subtask_losses)
-        out["sub"] = sum(self.subtask_losses[m % n](z[:, m], labels) if n else
+        out["sub"] = sum(self.subtask_losses[m](z[:, m], labels) if len(self.subtask_losses) else
                          _batch_loss(trainer, z[:, m], labels) for m in range(self.n_compositors))
         total = total + self.lambda_m * out["sub"]
     if self.use_rein and c is not None and self.use_compositor:
@@ -197,10 +225,11 @@ def losses(self: DCML, trainer, g: torch.Tensor, labels: torch.Tensor) -> dict[s
     out["loss"] = total
     return out
 
+
 # %% ../../nbs/22_methods.dcml.ipynb #40e82932
 @patch
 def training_step(self: DCML, trainer, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    "One iteration: forward the sub-embeddings, eq. 9, one backward pass, one step of the main optimiser."
+    "One iteration: forward the sub-embeddings, eq. 8, one backward pass, one step of the main optimiser."
     g = trainer.model.head.sub_embeddings(trainer.model.backbone(images))
     terms = self.losses(trainer, g, labels)
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -209,17 +238,30 @@ def training_step(self: DCML, trainer, images: torch.Tensor, labels: torch.Tenso
     return {k: v.item() for k, v in terms.items()}
 
 # %% ../../nbs/22_methods.dcml.ipynb #e6706978
-DCML.ablations = {"no_compositor": dict(use_compositor=False), "no_rein": dict(use_rein=False),
-                  "no_subtasks": dict(use_subtasks=False), "no_discriminative": dict(use_discriminative=False),
-                  "no_tanh": dict(use_sign=False), "fc_compositor": dict(fc_compositor=True)}
-_BUILTIN = dict(dataset="glyphs", loss="margin", miner="distance_weighted", embedding_dim=64, batch_size=64, m_per_class=4)
+DCML.ablations = {"no_compositor": dict(use_compositor=False), "no_rein": dict(use_rein=False),           # Table 1
+                  "no_jt": dict(jt_trains_compositor=False), "no_discriminative": dict(use_discriminative=False),
+                  "fc_compositor": dict(fc_compositor=True), "relu_weighting": dict(compositor_weighting="relu"),  # Table 2
+                  "no_tanh": dict(use_sign=False),
+                  "no_subtasks": dict(use_subtasks=False)}   # not a row of the paper: no J_T at all
+DCML.loss_variants = {   # the loss and sampler of each row pair of Tables 3-5 (baseline and DCML-<variant>)
+    "mdw": dict(loss="margin", loss_kwargs=dict(margin=0.2, beta=1.2), miner="distance_weighted",
+                miner_kwargs=dict(cutoff=0.5, nonzero_loss_cutoff=1.4)),
+    "tr": dict(loss="triplet", loss_kwargs=dict(margin=0.2), miner="random", miner_kwargs={}),
+    "tsh": dict(loss="triplet", loss_kwargs=dict(margin=0.2), miner="semihard", miner_kwargs=dict(margin=0.2)),
+    "pn": dict(loss="proxynca", loss_kwargs={}, miner=None, miner_kwargs={})}
+_PAPER = dict(backbone="resnet50", pretrained=True, embedding_dim=512, transform="randomresized224",   # Sec. 4.2
+              batch_size=112, lr_backbone=1e-6, lr_head=1e-6,
+              m_per_class=2, epochs=300, weight_decay=4e-4,                     # not in the paper: the official command's
+              method_kwargs=dict(n_learners=4, learner_dim=128, n_compositors=8, lambda_m=1.0, lambda_r=0.05))
+_KS = {"cub200": (1, 2, 4, 8), "cars196": (1, 2, 4, 8), "sop": (1, 10, 100, 1000)}   # Tables 3-5
+_BUILTIN = dict(dataset="glyphs", embedding_dim=64, batch_size=64, m_per_class=4, method_kwargs=dict(n_learners=4, n_compositors=8))
 DCML.presets = {
-    "paper": dict(backbone="resnet50", pretrained=True, embedding_dim=512, loss="margin", miner="distance_weighted",
-                  loss_kwargs=dict(margin=0.2, beta=1.2), miner_kwargs=dict(cutoff=0.5, nonzero_loss_cutoff=1.4),
-                  batch_size=100, m_per_class=2, epochs=300, lr_backbone=1e-5, lr_head=1e-5, weight_decay=4e-4,
-                  method_kwargs=dict(n_learners=4, learner_dim=128, n_compositors=8, lambda_m=1.0, lambda_r=0.05)),
-    "builtin": dict(_BUILTIN, method_kwargs=dict(n_learners=4, n_compositors=8)),
-    **{name: dict(_BUILTIN, method_kwargs=dict(n_learners=4, n_compositors=8, **kw)) for name, kw in DCML.ablations.items()}}
+    **{f"{ds}{'' if v == 'mdw' else '-' + v}": dict(_PAPER, dataset=ds, ks=ks, **kw)
+       for ds, ks in _KS.items() for v, kw in DCML.loss_variants.items()},
+    **{f"builtin{'' if v == 'mdw' else '-' + v}": dict(_BUILTIN, **kw) for v, kw in DCML.loss_variants.items()},
+    **{name: dict(_BUILTIN, **DCML.loss_variants["mdw"], method_kwargs=dict(_BUILTIN["method_kwargs"], **kw))
+       for name, kw in DCML.ablations.items()}}
+
 
 # %% ../../nbs/22_methods.dcml.ipynb #a4d9637b
 def learner_distances(g: torch.Tensor) -> torch.Tensor:

@@ -240,7 +240,8 @@ def embed(self: DMML, trainer, images: torch.Tensor) -> torch.Tensor:
 # %% ../../nbs/24_methods.dmml.ipynb #55b9c083
 def _reid_preset(dataset: str, n_train_ids: int) -> dict:
     "The paper's re-identification setting on `dataset`; one epoch = one pass over its training identities."
-    return dict(dataset=dataset, backbone="resnet50", pretrained=True, embedding_dim=2048, epochs=1200,
+    return dict(dataset=dataset, backbone="resnet50", pretrained=True, embedding_dim=2048, head="identity",
+                last_stride=1, epochs=1200,
                 batch_size=32 * 6, lr_backbone=2e-4, lr_head=2e-4, weight_decay=1e-4,
                 method_kwargs=dict(n_classes=32, n_support=5, n_query=1, distance="hard", margin=0.4,
                                    variant="negative", lr_decay=True, flip_test=True, scale=1.0,

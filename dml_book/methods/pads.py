@@ -19,7 +19,7 @@ from ..distributed import broadcast_object
 from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward
 
 # %% auto #0
-__all__ = ['INITS', 'METRIC_KEYS', 'bin_index', 'BinnedDistribution', 'sample_triplets', 'DistanceWeighted', 'SemiHard',
+__all__ = ['INITS', 'STATE_METRICS', 'bin_index', 'BinnedDistribution', 'sample_triplets', 'DistanceWeighted', 'SemiHard',
            'DistributionSampler', 'init_probs', 'validation_split', 'class_distances', 'PADS', 'plot_trajectory']
 
 # %% ../../nbs/23_methods.pads.ipynb #cc532ebc
@@ -34,14 +34,17 @@ def bin_index(d: Tensor, # distances, any shape
 
 # %% ../../nbs/23_methods.pads.ipynb #f1bbf01c
 class BinnedDistribution(nn.Module):
-    "The PADS negative-sampling distribution: probability $p_k$ on each of K distance bins, 0 outside (eq. 3)."
+    "The PADS negative-sampling distribution: probability $p_k$ on each of K distance bins, 0 outside (Sec. 4.1)."
     def __init__(self, probs: Tensor|None = None, # (K,) nonnegative bin weights (normalised here); uniform if None
                  lambda_min: float = 0.1, # lower end of the support
                  lambda_max: float = 1.4, # upper end of the support
-                 n_bins: int = 30): # K, the number of equidistant bins
+                 n_bins: int = 30, # K, the number of equidistant bins
+                 rule: str = "bin"): # "bin": a bin with p_k, then a negative in it (the paper); "candidate": weight p_k each (official code)
         super().__init__()
         if not 0 <= lambda_min < lambda_max: raise ValueError(f"need 0 <= lambda_min < lambda_max, got {lambda_min}, {lambda_max}")
         if n_bins < 1: raise ValueError(f"n_bins must be at least 1, got {n_bins}")
+        if rule not in ("bin", "candidate"): raise ValueError(f"unknown sampling rule {rule!r}; choose from: bin, candidate")
+        self.rule = rule
         self.register_buffer("edges", torch.linspace(lambda_min, lambda_max, n_bins + 1, dtype=torch.float64))
         self.register_buffer("probs", torch.full((n_bins,), 1 / n_bins, dtype=torch.float64))
         if probs is not None: self.set_probs(probs)
@@ -54,6 +57,7 @@ class BinnedDistribution(nn.Module):
         k = bin_index(d_an, self.edges)
         return torch.where(k >= 0, self.probs.to(d_an)[k.clamp_min(0)], torch.zeros_like(d_an))
 
+
 # %% ../../nbs/23_methods.pads.ipynb #794973d1
 @patch
 def set_probs(self: BinnedDistribution, probs):
@@ -65,10 +69,22 @@ def set_probs(self: BinnedDistribution, probs):
     self.probs.copy_(probs / probs.sum())
     return self
 
+# %% ../../nbs/23_methods.pads.ipynb #bcdc0d6a
+@patch
+def candidate_weights(self: BinnedDistribution, d_an: Tensor, # (A, B) anchor-candidate distances
+                      candidates: Tensor) -> Tensor: # (A, B) bool: which columns an anchor may draw
+    "Sampling weight of each candidate: $p_k / n_k$ (`rule='bin'`, $n_k$ the anchor's candidates in bin k) or $p_k$."
+    w = self(d_an) * candidates
+    if self.rule == "candidate": return w
+    k = bin_index(d_an, self.edges).masked_fill(~candidates, -1)
+    n_k = torch.zeros(len(k), len(self.probs), dtype=w.dtype, device=w.device)
+    n_k.scatter_add_(1, k.clamp_min(0), (k >= 0).to(w.dtype))
+    return torch.where(k >= 0, w / n_k.gather(1, k.clamp_min(0)).clamp_min(1), torch.zeros_like(w))
+
 # %% ../../nbs/23_methods.pads.ipynb #2d219ed9
 def sample_triplets(embeddings: Tensor, # (B, D) batch embeddings
                     labels: Tensor, # (B,) integer labels
-                    distribution, # callable (d_an (A, B), d_ap (A, 1)) -> nonnegative weights (A, B)
+                    distribution, # `BinnedDistribution`, or any callable (d_an (A, B), d_ap (A, 1)) -> weights (A, B)
                     self_regularization: bool = False, # also offer the anchor's positives as negatives
                     generator: torch.Generator|None = None, # source of randomness (reproducible sampling)
                    ) -> tuple[Tensor, Tensor, Tensor]: # (a, p, n) batch indices, one triplet per usable anchor
@@ -80,11 +96,16 @@ def sample_triplets(embeddings: Tensor, # (B, D) batch embeddings
     a = pos.any(1).nonzero().flatten()
     p = torch.multinomial(pos[a].double(), 1, generator=generator).flatten() if len(a) else a
     cand = (~same | pos)[a] if self_regularization else ~same[a]
-    w = distribution(d[a], d[a, p][:, None]) * cand
+    if isinstance(distribution, BinnedDistribution):
+        d_an = d[a]
+        if self_regularization: d_an = torch.where(pos[a], d_an.clamp_min(float(distribution.edges[0])), d_an)  # close positives: bin 0
+        w = distribution.candidate_weights(d_an, cand)
+    else: w = distribution(d[a], d[a, p][:, None]) * cand
     ok = w.sum(1) > 0
     a, p, w = a[ok], p[ok], w[ok]
     n = torch.multinomial(w.double(), 1, generator=generator).flatten() if len(a) else a
     return a, p, n
+
 
 # %% ../../nbs/23_methods.pads.ipynb #ec68b365
 class DistanceWeighted(nn.Module):
@@ -128,31 +149,35 @@ class DistributionSampler(nn.Module):
         return a.to(labels.device), p.to(labels.device), n.to(labels.device)
 
 # %% ../../nbs/23_methods.pads.ipynb #de22bd40
-INITS = ("uniform_low", "uniform", "distance")
+INITS = ("uniform_low", "normal", "uniform", "distance")
 
 def init_probs(kind: str, # one of INITS
                centers: Tensor, # (K,) bin centres
                dim: int = 128, # embedding dimension (for "distance")
                low: tuple[float, float] = (0.3, 0.7), # the emphasised distances of "uniform_low"
+               normal: tuple[float, float] = (0.5, 0.05), # mean and std of "normal" (Table 5c)
                floor: float = 1e-3, # relative mass of the bins outside the emphasis
               ) -> Tensor: # (K,) probabilities summing to 1
-    "Initial bin probabilities: `uniform_low` (the paper's emphasis on small distances), `uniform`, or `distance` (eq. 2)."
+    "Initial bin probabilities: `uniform_low` (the paper's emphasis on small distances), `normal`, `uniform`, or `distance` (eq. 2)."
     if kind == "uniform_low": p = ((centers >= low[0]) & (centers <= low[1])).double().clamp_min(floor)
+    elif kind == "normal": p = torch.exp(-0.5 * ((centers.double() - normal[0]) / normal[1]) ** 2).clamp_min(floor)
     elif kind == "uniform": p = torch.ones_like(centers, dtype=torch.float64)
     elif kind == "distance": p = DistanceWeighted(dim, cutoff=0.5, nonzero_loss_cutoff=math.inf)(centers[None].double())[0]
     else: raise ValueError(f"unknown initial distribution {kind!r}; choose from: {', '.join(INITS)}")
     return p / p.sum()
 
+
 # %% ../../nbs/23_methods.pads.ipynb #57e4d973
 def validation_split(labels, # (N,) class label of every training image
                      fraction: float = 0.15, # share of images (per class) or of classes (label-disjoint) held out
-                     by_class: bool = False, # label-disjoint split instead of per class
+                     by_class: bool | None = False, # label-disjoint split instead of per class; None: when classes are small
                      seed: int = 0, # seed of the split
                     ) -> tuple[np.ndarray, np.ndarray]: # train indices, validation indices (sorted)
     "Indices of the training and validation parts of the training split, per class or label-disjoint."
     labels = np.asarray(labels)
     if not 0 < fraction < 1: raise ValueError(f"fraction must be in (0, 1), got {fraction}")
     rng, classes = np.random.default_rng(seed), np.unique(labels)
+    if by_class is None: by_class = bool(fraction * np.median(np.bincount(labels)[classes]) < 2)
     if by_class:
         if len(classes) < 2: raise ValueError("a label-disjoint split needs at least 2 classes")
         k = min(max(1, round(fraction * len(classes))), len(classes) - 1)
@@ -163,6 +188,7 @@ def validation_split(labels, # (N,) class label of every training image
             idx = rng.permutation(np.flatnonzero(labels == c))
             if len(idx) >= 2: val[idx[:min(max(1, round(fraction * len(idx))), len(idx) - 1)]] = True
     return np.flatnonzero(~val), np.flatnonzero(val)
+
 
 # %% ../../nbs/23_methods.pads.ipynb #3e345a0d
 def class_distances(embeddings: Tensor, labels) -> tuple[float, float]:
@@ -178,7 +204,7 @@ def class_distances(embeddings: Tensor, labels) -> tuple[float, float]:
     return float(intra), float(inter)
 
 # %% ../../nbs/23_methods.pads.ipynb #247e108f
-METRIC_KEYS = ("R@1", "NMI", "intra", "inter")
+STATE_METRICS = ("NMI", "intra", "inter")   # beside Recall@k at every k of `recall_ks`
 
 @METHODS.register("pads")
 class PADS(Method):
@@ -187,18 +213,24 @@ class PADS(Method):
     def __init__(self, n_bins: int = 30, lambda_min: float = 0.1, lambda_max: float = 1.4, # K and the support (Sec. 4.1)
                  init: str = "uniform_low", # initial p: one of INITS
                  update_every: int = 30, # M, DML iterations between policy steps
-                 val_fraction: float = 0.15, val_by_class: bool = False, # the validation split
+                 val_fraction: float = 0.15, # share of the training split held out for the reward
+                 val_by_class: bool | None = None, # hold out whole classes (None: when classes are too small for per class)
                  action_values=ACTION_VALUES, hidden=(128, 128), policy_lr: float = 0.01,
                  algorithm: str = "ppo", baseline: str = "a2c", clip: float = 0.2, old_policy_every: int = 5,
                  windows=(2, 8, 16, 32), history: int = 20, # the training state
-                 self_regularization: bool = False, # merge positives into the negative candidates
+                 recall_ks: tuple = (1, 2, 4, 8), # Recall@k of the state (SOP: 1, 10, 100, 1000)
+                 self_regularization: bool = True, # merge positives into the negative candidates (end of Sec. 4.2)
+                 sampling_rule: str = "bin", # "bin": the paper's p(I_n|I_a) = p_k; "candidate": the official weighting
                  adapt: bool = True, # False: train with the fixed initial distribution
                  seed: int = 0): # seed of the sampler, the policy's actions and the validation split
         super().__init__()
         if init not in INITS: raise ValueError(f"unknown initial distribution {init!r}; choose from: {', '.join(INITS)}")
         if update_every < 1: raise ValueError(f"update_every must be at least 1, got {update_every}")
-        self.distribution = BinnedDistribution(None, lambda_min, lambda_max, n_bins)
-        self.train_state = TrainingState(len(METRIC_KEYS), windows, history)
+        if 1 not in recall_ks: raise ValueError(f"recall_ks must contain 1 (the reward uses Recall@1), got {recall_ks}")
+        self.distribution = BinnedDistribution(None, lambda_min, lambda_max, n_bins, sampling_rule)
+        self.recall_ks = tuple(sorted(int(k) for k in recall_ks))
+        self.metric_keys = (*(f"R@{k}" for k in self.recall_ks), *STATE_METRICS)
+        self.train_state = TrainingState(len(self.metric_keys), windows, history)
         self.learner = PolicyLearner(self.train_state.dim(n_bins), n_bins, action_values, hidden, policy_lr,
                                      algorithm, baseline, clip, old_policy_every)
         self.init, self.update_every, self.val_fraction, self.val_by_class = init, update_every, val_fraction, val_by_class
@@ -206,23 +238,33 @@ class PADS(Method):
         self.generator = torch.Generator().manual_seed(seed)
         self.iteration, self.e_prev, self.s_prev, self.a_prev, self.trajectory = 0, None, None, None, []
 
+
 # %% ../../nbs/23_methods.pads.ipynb #d754ce68
+def _unwrap(ds, indices: np.ndarray):
+    "The dataset under any `LabelledSubset`s of `ds`, and `indices` of `ds` as indices of it."
+    while hasattr(ds, "indices") and hasattr(ds, "dataset"): indices, ds = np.asarray(ds.indices)[indices], ds.dataset
+    return ds, indices
+
 @patch
 def setup(self: PADS, trainer):
-    "Hold out the validation images and set the initial distribution."
+    "Hold out the validation images (embedded with the evaluation transform) and set the initial distribution."
     self.distribution.set_probs(init_probs(self.init, self.distribution.centers, dim=trainer.model.embedding_dim))
     self.trajectory = [self.distribution.probs.tolist()]
     self.policy_opt = self.learner.optimizer   # a direct attribute: the trainer averages its gradients under torchrun
     if not self.adapt: return
     ds = trainer.train_ds
     tr, va = validation_split(ds.labels, self.val_fraction, self.val_by_class, self.seed)
-    from dml_book.train import LabelledSubset
-    trainer.train_ds = LabelledSubset(ds, tr, relabel=self.val_by_class)
-    eval_tf = type(ds).default_transform(False) if hasattr(type(ds), "default_transform") else None
-    eval_ds = DATASETS.get(trainer.cfg.dataset)(trainer.cfg.data_root, "train", transform=eval_tf) if eval_tf is not None else ds
-    self.val_ds = LabelledSubset(eval_ds, va, relabel=self.val_by_class)
+    by_class = len(np.intersect1d(np.asarray(ds.labels)[tr], np.asarray(ds.labels)[va])) == 0
+    from dml_book.train import LabelledSubset, _build_split
+    trainer.train_ds = LabelledSubset(ds, tr, relabel=by_class)
+    _, va_base = _unwrap(ds, va)
+    self.val_ds = LabelledSubset(_build_split(trainer.cfg, "train", False), va_base, relabel=True)   # no augmentation
+    if max(self.recall_ks) >= len(self.val_ds):
+        raise ValueError(f"recall_ks {self.recall_ks} need more than {max(self.recall_ks)} validation images; "
+                         f"the reward split has {len(self.val_ds)}: lower recall_ks or raise val_fraction")
 @patch
 def param_groups(self: PADS, trainer) -> list[dict]: return []  # the policy has its own optimiser
+
 
 # %% ../../nbs/23_methods.pads.ipynb #44c94fc6
 @patch
@@ -248,12 +290,12 @@ def training_step(self: PADS, trainer, images, labels) -> dict:
 # %% ../../nbs/23_methods.pads.ipynb #0018ca7f
 @patch
 def validation_metrics(self: PADS, trainer) -> dict[str, float]:
-    "Recall@1, NMI and the class distances of the held-out validation images."
+    "Recall@k (every k of `recall_ks`), NMI and the class distances of the held-out validation images."
     emb, labels = trainer.embed_dataset(self.val_ds)   # sharded and gathered under torchrun
     if getattr(getattr(trainer, "dist", None), "is_main", True):
-        m = evaluate(emb, labels, ks=(1,), metrics=("R@K", "NMI"), seed=self.seed)
+        m = evaluate(emb, labels, ks=self.recall_ks, metrics=("R@K", "NMI"), seed=self.seed)
         m["intra"], m["inter"] = class_distances(emb, labels)
-        m = {k: float(m[k]) for k in METRIC_KEYS}
+        m = {k: float(m[k]) for k in self.metric_keys}
     else: m = None
     return broadcast_object(m)   # rank 0's numbers on every rank: one state, one reward, one policy update
 
@@ -267,7 +309,7 @@ def policy_step(self: PADS, trainer) -> dict:
     "Validation metrics -> reward and policy update for the previous action -> new action -> new distribution."
     m = self.validation_metrics(trainer)
     e = m["R@1"] + m["NMI"]  # e of the reward (Sec. 4.2)
-    self.train_state.push(torch.tensor([m[k] for k in METRIC_KEYS]))
+    self.train_state.push(torch.tensor([m[k] for k in self.metric_keys]))
     dev = self.distribution.probs.device
     s = self.train_state(self.distribution.probs, _progress(trainer)).to(dev)
     logs = {f"val_{k}": v for k, v in m.items()}
@@ -295,13 +337,15 @@ def end_epoch(self: PADS, trainer, epoch: int) -> dict:
     return {"pads_probs": self.distribution.probs.tolist(), "policy_steps": len(self.trajectory) - 1}
 
 # %% ../../nbs/23_methods.pads.ipynb #2adf690a
-def _paper(dataset, beta, m_per_class, epochs, update_every=30, fraction=0.15):
+def _paper(dataset, beta, m_per_class, epochs, update_every=30, fraction=0.15, by_class=False, ks=(1, 2, 4, 8)):
     return dict(dataset=dataset, backbone="resnet50", pretrained=True, embedding_dim=128, batch_size=112, m_per_class=m_per_class,
-                loss="margin", loss_kwargs=dict(margin=0.2, beta=beta, learn_beta=True), lr_backbone=1e-5, lr_head=1e-5,
-                weight_decay=4e-4, epochs=epochs, method="pads",
-                method_kwargs=dict(update_every=update_every, val_fraction=fraction, init="uniform_low"))
+                loss="margin", loss_kwargs=dict(margin=0.2, beta=beta, learn_beta=True, per_class=True, beta_lr=5e-4),
+                lr_backbone=1e-5, lr_head=1e-5, weight_decay=4e-4, epochs=epochs, method="pads", ks=ks,
+                method_kwargs=dict(update_every=update_every, val_fraction=fraction, val_by_class=by_class, init="uniform_low",
+                                   recall_ks=ks, self_regularization=True))
 PADS.presets = {"cub200": _paper("cub200", 0.6, 2, 300), "cars196": _paper("cars196", 0.6, 4, 300),
-                "sop": _paper("sop", 1.2, 2, 120, update_every=60)}
+                "sop": _paper("sop", 1.2, 2, 120, update_every=60, fraction=0.1, by_class=True, ks=(1, 10, 100, 1000))}
+
 
 # %% ../../nbs/23_methods.pads.ipynb #c6a43503
 def plot_trajectory(probs, # (T, K) distributions over the policy steps
