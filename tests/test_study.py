@@ -74,3 +74,11 @@ def test_drop_checkpoints(tmp_path):
     for n in ("best.pt", "checkpoint.pt"): (tmp_path/"baseline"/"seed0"/n).write_bytes(b"x")
     assert sorted(p.name for p in drop_checkpoints(tmp_path)) == ["best.pt", "checkpoint.pt"]
     assert not list(tmp_path.rglob("*.pt")) and (tmp_path/"baseline"/"seed0"/"metrics.json").exists()
+
+
+def test_study_config_applies_the_calibrated_settings():
+    from dml_book.train import TrainConfig
+    from dml_book.study import study_config, STUDY_SETTINGS
+    cfg = study_config(TrainConfig(dataset="glyphs", dataset_kwargs={"size": 16}, epochs=2, loss="contrastive"), seed=3)
+    assert cfg.dataset == "glyphs_xl" and cfg.dataset_kwargs == STUDY_SETTINGS["dataset_kwargs"] and cfg.seed == 3
+    assert cfg.epochs == STUDY_SETTINGS["epochs"] and cfg.val_fraction > 0 and cfg.loss == "contrastive"
