@@ -17,9 +17,9 @@ __all__ = ['STUDY_SETTINGS', 'STUDY_SEEDS', 'study_config', 'drop_checkpoints', 
            'study_table', 'plot_study_curves', 'verdict']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
-STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={}, backbone="smallcnn", embedding_dim=64, epochs=20,
+STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={"strength": 0.5}, backbone="smallcnn", embedding_dim=64, epochs=20,
                       max_steps_per_epoch=150, batch_size=64, m_per_class=2, val_fraction=0.2, umap=False,
-                      progress=False)  # calibrated: results/calibration/
+                      progress=False)  # calibrated: results/calibration/c2.json
 STUDY_SEEDS = (0, 1, 2, 3, 4)
 
 def study_config(cfg, **overrides):
