@@ -82,3 +82,18 @@ def test_study_config_applies_the_calibrated_settings():
     cfg = study_config(TrainConfig(dataset="glyphs", dataset_kwargs={"size": 16}, epochs=2, loss="contrastive"), seed=3)
     assert cfg.dataset == "glyphs_xl" and cfg.dataset_kwargs == STUDY_SETTINGS["dataset_kwargs"] and cfg.seed == 3
     assert cfg.epochs == STUDY_SETTINGS["epochs"] and cfg.val_fraction > 0 and cfg.loss == "contrastive"
+
+
+RESULTS = __import__("pathlib").Path(__file__).parent.parent/"results"
+
+
+def test_stored_studies_parse_and_hold_no_checkpoints():
+    studies = [p for p in RESULTS.iterdir() if p.is_dir() and any(p.rglob("metrics.json"))] if RESULTS.exists() else []
+    for study in studies:
+        f = study_frame(study)
+        assert len(f) and f.value.between(0, 1).all() and not list(study.rglob("*.pt")), study
+        for _, g in f.groupby("variant"): assert g.seed.is_unique, study
+    for c in (RESULTS/"calibration").glob("*.json"):
+        rec = json.loads(c.read_text())
+        assert rec["command"].startswith("dml-book train --dataset glyphs_xl") and rec["cpu_seconds"] > 0
+        assert 0 <= rec["test_R1"] <= 1 and rec["selected_epoch"] in [r["epoch"] for r in rec["curve"]], c
