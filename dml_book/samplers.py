@@ -104,13 +104,16 @@ class EpisodeSampler(_LabelSampler):
                  n_val: int = 20, # size of the validation subset (classes disjoint from the training subset)
                  m_per_class: int = 5, # images per class in both subsets (with replacement if a class has fewer)
                  episodes_per_epoch: int | None = None, # default: len(labels) // ((n_train + n_val) * world_size)
-                 seed: int = 0, rank: int | None = None, world_size: int | None = None):
+                 seed: int = 0, rank: int | None = None, world_size: int | None = None,
+                 disjoint: bool = True): # False: the validation classes are drawn from the training subset's (ALA's Table 1)
         super().__init__(labels, seed, rank, world_size)
         for name, n in (("n_train", n_train), ("n_val", n_val)):
             if m_per_class < 1 or n < m_per_class or n % m_per_class:
                 raise ValueError(f"{name} {n} must be a positive multiple of m_per_class {m_per_class}")
-        self.n_train, self.n_val, self.m_per_class = n_train, n_val, m_per_class
-        self._need((n_train + n_val) // m_per_class, f"an episode of {n_train}+{n_val} with m_per_class={m_per_class}")
+        if not disjoint and n_val > n_train: raise ValueError(f"a joint validation subset needs n_val <= n_train, got {n_val} > {n_train}")
+        self.n_train, self.n_val, self.m_per_class, self.disjoint = n_train, n_val, m_per_class, disjoint
+        n_classes = (n_train + n_val) // m_per_class if disjoint else n_train // m_per_class
+        self._need(n_classes, f"an episode of {n_train}+{n_val} with m_per_class={m_per_class}")
         self.episodes_per_epoch = episodes_per_epoch or max(1, self.n_items // ((n_train + n_val) * self.world_size))
 
     def __len__(self) -> int: return self.episodes_per_epoch
@@ -119,7 +122,10 @@ class EpisodeSampler(_LabelSampler):
 def _iter_episodes(self: EpisodeSampler):
     rng, m = self._rng(), self.m_per_class
     for e in range(len(self) * self.world_size):
-        classes = rng.choice(self.n_labels, (self.n_train + self.n_val) // m, replace=False)
+        if self.disjoint: classes = rng.choice(self.n_labels, (self.n_train + self.n_val) // m, replace=False)
+        else:
+            train = rng.choice(self.n_labels, self.n_train // m, replace=False)
+            classes = np.concatenate([train, rng.choice(train, self.n_val // m, replace=False)])   # validation among them
         episode = np.concatenate([draw(rng, self.groups[c], m) for c in classes])
         if e % self.world_size == self.rank: yield episode.tolist()
 EpisodeSampler.__iter__ = _iter_episodes

@@ -18,8 +18,8 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
                                   gather_shards, broadcast_object)
 
 # %% auto #0
-__all__ = ['TrainConfig', 'ConfigError', 'preset_config', 'seed_everything', 'resolve_device', 'LabelledSubset', 'Trainer',
-           'environment', 'select_epoch', 'train']
+__all__ = ['TrainConfig', 'ConfigError', 'preset_config', 'seed_everything', 'resolve_device', 'LabelledSubset',
+           'build_optimizer', 'Trainer', 'environment', 'select_epoch', 'train']
 
 # %% ../nbs/08_train.ipynb #e4dc60f9
 @dataclass
@@ -47,7 +47,8 @@ class TrainConfig:
     m_per_class: int = 4             # images per class in a class-balanced batch
     lr_backbone: float = 1e-3        # learning rate of the backbone
     lr_head: float = 1e-3            # learning rate of the head, the loss's and the method's parameters
-    weight_decay: float = 1e-4       # Adam's weight decay
+    weight_decay: float = 1e-4       # the optimiser's weight decay
+    optimizer: str = "auto"          # adam or sgd; auto: the method's own choice (ALA: sgd, its eqs. 10 and 13), else adam
     max_steps_per_epoch: int | None = None  # cap on iterations per epoch (None: the sampler's epoch length)
     eval_every: int = 1              # evaluate on the test split every this many epochs (and after the last)
     val_fraction: float = 0.0        # share of the training classes held out (label-disjoint) to select the epoch; 0: none
@@ -103,6 +104,13 @@ class LabelledSubset(torch.utils.data.Dataset):
         return x, self._map[int(y)]
 
 # %% ../nbs/08_train.ipynb #4b641726
+def build_optimizer(cfg: TrainConfig, groups: list[dict], method=None) -> torch.optim.Optimizer:
+    "The run's optimiser over `groups`: `cfg.optimizer`, or for `auto` the method's `optimizer_name` (else Adam)."
+    name = cfg.optimizer if cfg.optimizer != "auto" else getattr(method, "optimizer_name", "adam")
+    if name == "adam": return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
+    if name == "sgd": return torch.optim.SGD(groups, lr=cfg.lr_head, weight_decay=cfg.weight_decay)
+    raise ConfigError(f"unknown optimizer {name!r}; choose from: adam, auto, sgd")
+
 def _load_registries():
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
 
@@ -130,7 +138,7 @@ class Trainer:
         self._build_data(); self._build_model()
         self.method.setup(self)
         self.model.to(self.device); self.method.to(self.device)
-        self.optimizer = torch.optim.Adam(self.param_groups(), weight_decay=cfg.weight_decay)
+        self.optimizer = build_optimizer(cfg, self.param_groups(), self.method)
         if self.dist.enabled: self._synchronise()
         self._build_sampler()
         self.epoch, self.step, self.history = 0, 0, []
