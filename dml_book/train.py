@@ -11,15 +11,17 @@ from dataclasses import dataclass, field, asdict, fields, replace
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
-from .registry import DATASETS, LOSSES, MINERS, METHODS
+from .registry import DATASETS, LOSSES, MINERS, METHODS, ConfigError
+from .data.core import LabelledSubset, build_split
 from .models import build_model
+from .methods.base import Method
 from .samplers import ClassBalancedBatchSampler
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, broadcast_object)
 
 # %% auto #0
-__all__ = ['TrainConfig', 'ConfigError', 'preset_config', 'seed_everything', 'resolve_device', 'LabelledSubset',
-           'build_optimizer', 'build_scheduler', 'Trainer', 'environment', 'select_epoch', 'train']
+__all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler', 'Trainer',
+           'environment', 'select_epoch', 'train']
 
 # %% ../nbs/08_train.ipynb #e4dc60f9
 @dataclass
@@ -68,9 +70,6 @@ class TrainConfig:
     umap: bool = False               # save a UMAP figure of the final test embedding
 
 # %% ../nbs/08_train.ipynb #d93a80bc
-class ConfigError(ValueError):
-    "A training configuration that cannot run."
-
 def preset_config(method: str, preset: str | None = None, **overrides) -> TrainConfig:
     "A `TrainConfig` for `method` with the method's named `preset` applied, then `overrides`."
     import dml_book.methods  # fills METHODS
@@ -93,22 +92,6 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
     if device != "auto": return torch.device(device)
     return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
 
-# %% ../nbs/08_train.ipynb #37550004
-class LabelledSubset(torch.utils.data.Dataset):
-    "Items `indices` of `dataset`, keeping the dataset interface (`.labels`, `.class_names`); `relabel` makes ids contiguous."
-    def __init__(self, dataset, indices, relabel: bool = False):
-        self.dataset, self.indices = dataset, np.asarray(indices, dtype=np.int64)
-        labels = np.asarray(dataset.labels)[self.indices]
-        classes = np.unique(labels) if relabel else np.arange(len(dataset.class_names))
-        self._map = {int(c): i for i, c in enumerate(classes)}
-        self.labels = np.asarray([self._map[int(c)] for c in labels], dtype=np.int64)
-        self.class_names = [dataset.class_names[c] for c in classes]
-        self.protocol = getattr(dataset, "protocol", "retrieval")
-    def __len__(self): return len(self.indices)
-    def __getitem__(self, i):
-        x, y = self.dataset[int(self.indices[i])]
-        return x, self._map[int(y)]
-
 # %% ../nbs/08_train.ipynb #4b641726
 def build_optimizer(cfg: TrainConfig, groups: list[dict], method=None) -> torch.optim.Optimizer:
     "The run's optimiser over `groups`: `cfg.optimizer`, or for `auto` the method's `optimizer_name` (else Adam)."
@@ -119,19 +102,6 @@ def build_optimizer(cfg: TrainConfig, groups: list[dict], method=None) -> torch.
 
 def _load_registries():
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
-
-def _build_split(cfg, split: str, train: bool):
-    cls = DATASETS.get(cfg.dataset)
-    accepted = [p for p in inspect.signature(cls).parameters if p not in ("root", "split", "transform")]
-    if set(cfg.dataset_kwargs) - set(accepted):
-        raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
-                          f"it accepts: {', '.join(accepted) or 'none'}")
-    transform = cls.default_transform(train)
-    if cfg.transform is not None:
-        if transform is None: raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
-        from dml_book.data.transforms import get_transform
-        transform = get_transform(cfg.transform, train)
-    return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
 
 _SCHEDULES = ("constant", "step", "multistep", "exponential")
 
@@ -147,12 +117,15 @@ def build_scheduler(optimizer, cfg: TrainConfig):
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
-    def __init__(self, cfg: TrainConfig | None = None, **overrides):
+    def __init__(self, cfg: TrainConfig | None = None, # the run; None: `TrainConfig()`
+                 method: Method | str | None = None, # a `Method` object to train (e.g. a chapter's own class), or a registered name
+                 **overrides): # `TrainConfig` fields that replace those of `cfg`
+        if isinstance(method, str): overrides["method"], method = method, None
         self.cfg = cfg = replace(cfg or TrainConfig(), **overrides)
         _load_registries(); seed_everything(cfg.seed)
         self.dist = init_distributed()  # under torchrun: rank, world size (see `dml_book.distributed`)
         self.device, self.out = resolve_device(cfg.device, self.dist.local_rank), Path(cfg.out)
-        self.method = METHODS.get(cfg.method)(**cfg.method_kwargs)
+        self.method = method if method is not None else METHODS.get(cfg.method)(**cfg.method_kwargs)
         self._build_data(); self._build_model()
         self.method.setup(self)
         self.model.to(self.device); self.method.to(self.device)
@@ -169,10 +142,10 @@ from fastcore.basics import patch
 def _build_data(self: Trainer):
     cfg = self.cfg
     self.protocol = DATASETS.get(cfg.dataset).protocol
-    self.train_ds, self.val_ds = _build_split(cfg, "train", True), None
+    self.train_ds, self.val_ds = build_split(cfg, "train", True), None
     if cfg.val_fraction: self._hold_out_validation()
-    if self.protocol == "reid": self.query_ds, self.gallery_ds = (_build_split(cfg, s, False) for s in ("query", "gallery"))
-    else: self.test_ds = _build_split(cfg, "test", False)
+    if self.protocol == "reid": self.query_ds, self.gallery_ds = (build_split(cfg, s, False) for s in ("query", "gallery"))
+    else: self.test_ds = build_split(cfg, "test", False)
 
 @patch
 def _build_model(self: Trainer):
@@ -217,7 +190,7 @@ def _synchronise(self: Trainer):
     "Under torchrun: start from rank 0's state; every optimiser (the method's too) averages gradients before stepping."
     if self.device.type == "cuda": self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)  # global BN statistics
     for m in (self.model, self.loss_fn, self.method): broadcast_state(m)
-    for opt in [self.optimizer, *(v for v in vars(self.method).values() if isinstance(v, torch.optim.Optimizer))]:
+    for opt in [self.optimizer, *self.method.optimizers()]:
         sync_optimizer(opt)
 
 @patch
@@ -244,7 +217,7 @@ def _hold_out_validation(self: Trainer):
     if not 0 < cfg.val_fraction < 1 or len(classes) - n_val < 2:
         raise ConfigError(f"val_fraction={cfg.val_fraction} leaves fewer than 2 of {len(classes)} classes on one side")
     is_val = np.isin(labels, classes[:n_val])
-    self.val_ds = LabelledSubset(_build_split(cfg, "train", False), np.flatnonzero(is_val), relabel=True)
+    self.val_ds = LabelledSubset(build_split(cfg, "train", False), np.flatnonzero(is_val), relabel=True)
     self.train_ds = LabelledSubset(self.train_ds, np.flatnonzero(~is_val), relabel=True)
 
 # %% ../nbs/08_train.ipynb #6c6f9eee
@@ -272,7 +245,8 @@ def faiss_gpus(self: Trainer):
 @patch
 def evaluate(self: Trainer) -> dict:
     "Test metrics of the current model (computed by rank 0 and shared under torchrun)."
-    from dml_book.metrics import evaluate, reid_evaluate
+    from dml_book.metrics import evaluate
+    from dml_book.reid_metrics import reid_evaluate
     if self.protocol == "reid":
         (q, _), (g, _) = self.embed_dataset(self.query_ds), self.embed_dataset(self.gallery_ds)
         res = reid_evaluate(q, self.query_ds.pids, self.query_ds.camids, g, self.gallery_ds.pids, self.gallery_ds.camids) \
@@ -407,7 +381,7 @@ def keep_if_best(self: Trainer):
 
 @patch
 def write_metrics(self: Trainer):
-    "Write `metrics.json` (and `umap.png` when `cfg.umap`)."
+    "Write `metrics.json`; the final test embedding stays in `last_embedding` for a caller to draw."
     epochs = [r for r in self.history if r.get("kind") == "epoch"]
     evaluated = [r for r in epochs if "R@1" in r or "mAP" in r]
     self.final_metrics = _metrics(evaluated[-1])
@@ -417,9 +391,7 @@ def write_metrics(self: Trainer):
     if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
         summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
     (self.out/"metrics.json").write_text(json.dumps(summary, indent=1))
-    if self.cfg.umap and getattr(self, "last_embedding", None) is not None:
-        from dml_book.viz import plot_umap
-        plot_umap(*self.last_embedding, title=f"{self.cfg.dataset} test split, epoch {self.epoch}").savefig(self.out/"umap.png", dpi=120)
+
 
 # %% ../nbs/08_train.ipynb #dbd5e93e
 def train(cfg: TrainConfig | None = None, **overrides) -> dict:
