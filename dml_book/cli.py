@@ -223,6 +223,9 @@ def train_command(args) -> int:
     trainer = Trainer(cfg)
     final = trainer.fit()
     if not trainer.dist.is_main: return 0   # under torchrun, rank 0 reports
+    if cfg.umap and getattr(trainer, "last_embedding", None) is not None:   # the command line draws, not the trainer
+        from dml_book.viz import plot_umap   # slow to import (umap)
+        plot_umap(*trainer.last_embedding, title=f"{cfg.dataset} test split, epoch {trainer.epoch}").savefig(trainer.out/"umap.png", dpi=120)
     print(f"\n{cfg.method} / {trainer.method.own_loss or cfg.loss} on {cfg.dataset}, {cfg.epochs} epochs (unseen test classes):")
     print(results_table(trainer.history[0], final))
     print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt, preprocessing.json" + (", umap.png" if cfg.umap else ""))

@@ -13,7 +13,8 @@ import numpy as np, torch
 from torch import nn
 from PIL import Image
 from .registry import DATASETS
-from .train import TrainConfig, ConfigError, Trainer, _build_split, _load_registries, resolve_device
+from .data.core import build_split
+from .train import TrainConfig, ConfigError, Trainer, _load_registries
 
 # %% auto #0
 __all__ = ['IMAGE_SUFFIXES', 'preprocessing_spec', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel',
@@ -46,7 +47,7 @@ def preprocessing_spec(cfg: TrainConfig, # the run's configuration
         from dml_book.data.transforms import get_transform
         tf = get_transform(cfg.transform, False)
     if tf is not None: return _spec_from_pipeline(tf)
-    if sample is None: sample = _build_split(cfg, "train", False)[0][0]
+    if sample is None: sample = build_split(cfg, "train", False)[0][0]
     c, h, w = sample.shape
     return dict(mode="L" if c == 1 else "RGB", resize=[h, w], center_crop=None, mean=None, std=None, interpolation="bilinear")
 
@@ -106,7 +107,8 @@ def run_config(run_dir) -> TrainConfig:
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(saved) - known)
     if unknown: raise ConfigError(f"{run} was written by another version of dml_book (unknown settings: {', '.join(unknown)})")
-    if "ks" in saved: saved = {**saved, "ks": tuple(saved["ks"])}
+    tuples = {f.name for f in fields(TrainConfig) if str(f.type).startswith("tuple")}   # JSON wrote them as lists
+    saved = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in saved.items()}
     return TrainConfig(**saved)
 
 # %% ../nbs/12_inference.ipynb #4c0937d9
@@ -189,8 +191,8 @@ def evaluate_run(run_dir, # a training run's output folder
         other = replace(cfg, dataset=dataset or cfg.dataset, data_root=data_root if data_root is not None else cfg.data_root,
                         dataset_kwargs=dataset_kwargs if dataset_kwargs is not None else ({} if dataset else cfg.dataset_kwargs))
         tr.protocol = DATASETS.get(other.dataset).protocol
-        if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (_build_split(other, s, False) for s in ("query", "gallery"))
-        else: tr.test_ds = _build_split(other, "test", False)
+        if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (build_split(other, s, False) for s in ("query", "gallery"))
+        else: tr.test_ds = build_split(other, "test", False)
     return tr.evaluate()
 
 # %% ../nbs/12_inference.ipynb #e6736774

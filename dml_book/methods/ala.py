@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.distributed as dist
 from torch import Tensor
 from torch.func import functional_call
+from fastcore.basics import patch
 from ..registry import METHODS
 from ..distances import all_pairs, all_triplets, check_tuple, to_pairs, to_triplets
 from ..samplers import EpisodeSampler
@@ -160,6 +161,12 @@ ALA.setup = _setup
 ALA.param_groups = lambda self, trainer: []     # the assessor has its own optimiser
 ALA.batch_sampler = lambda self, trainer: EpisodeSampler(trainer.train_ds.labels, self.n_train, self.n_val,
                                                          trainer.cfg.m_per_class, seed=trainer.cfg.seed, disjoint=self.disjoint)
+
+# %% ../../nbs/20_methods.ala.ipynb #016e0447
+@patch
+def optimizers(self: ALA) -> list[torch.optim.Optimizer]:
+    "The assessor's optimiser (its meta-steps are ALA's own)."
+    return [] if self.assessor_opt is None else [self.assessor_opt]
 
 # %% ../../nbs/20_methods.ala.ipynb #8a33c714
 def _tuples(self: ALA, trainer, emb: Tensor, labels: Tensor):

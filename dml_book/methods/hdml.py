@@ -222,6 +222,12 @@ def param_groups(self: HDML, trainer) -> list[dict]:
     "Nothing for the main optimiser: the generator and the softmax layer have their own."
     return []
 
+# %% ../../nbs/21_methods.hdml.ipynb #66c9903c
+@patch
+def optimizers(self: HDML) -> list[torch.optim.Optimizer]:
+    "The generator's and the softmax classifier's optimisers."
+    return [o for o in (getattr(self, "opt_gen", None), getattr(self, "opt_softmax", None)) if o is not None]
+
 # %% ../../nbs/21_methods.hdml.ipynb #411c62c6
 @patch
 def tuples(self: HDML, trainer, z, labels, lam: float):

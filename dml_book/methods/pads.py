@@ -14,6 +14,7 @@ from fastcore.basics import patch
 from ..distances import euclidean, check_batch
 from ..metrics import evaluate
 from ..registry import METHODS, DATASETS
+from ..data.core import LabelledSubset, build_split
 from .base import Method
 from ..distributed import broadcast_object
 from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward
@@ -250,21 +251,25 @@ def setup(self: PADS, trainer):
     "Hold out the validation images (embedded with the evaluation transform) and set the initial distribution."
     self.distribution.set_probs(init_probs(self.init, self.distribution.centers, dim=trainer.model.embedding_dim))
     self.trajectory = [self.distribution.probs.tolist()]
-    self.policy_opt = self.learner.optimizer   # a direct attribute: the trainer averages its gradients under torchrun
     if not self.adapt: return
     ds = trainer.train_ds
     tr, va = validation_split(ds.labels, self.val_fraction, self.val_by_class, self.seed)
     by_class = len(np.intersect1d(np.asarray(ds.labels)[tr], np.asarray(ds.labels)[va])) == 0
-    from dml_book.train import LabelledSubset, _build_split
     trainer.train_ds = LabelledSubset(ds, tr, relabel=by_class)
     _, va_base = _unwrap(ds, va)
-    self.val_ds = LabelledSubset(_build_split(trainer.cfg, "train", False), va_base, relabel=True)   # no augmentation
+    self.val_ds = LabelledSubset(build_split(trainer.cfg, "train", False), va_base, relabel=True)   # no augmentation
     if max(self.recall_ks) >= len(self.val_ds):
         raise ValueError(f"recall_ks {self.recall_ks} need more than {max(self.recall_ks)} validation images; "
                          f"the reward split has {len(self.val_ds)}: lower recall_ks or raise val_fraction")
 @patch
 def param_groups(self: PADS, trainer) -> list[dict]: return []  # the policy has its own optimiser
 
+
+# %% ../../nbs/23_methods.pads.ipynb #d83dd724
+@patch
+def optimizers(self: PADS) -> list[torch.optim.Optimizer]:
+    "The policy's optimiser."
+    return [self.learner.optimizer]
 
 # %% ../../nbs/23_methods.pads.ipynb #44c94fc6
 @patch
