@@ -50,7 +50,7 @@ def _show(ax, img, colour=None):
     img = img.detach().cpu().float() if torch.is_tensor(img) else torch.as_tensor(img).float()
     img = img.permute(1, 2, 0) if img.ndim == 3 else img
     img = (img - img.min()) / (img.max() - img.min() + 1e-12)
-    ax.imshow(img.squeeze(-1) if img.ndim == 3 and img.shape[-1] == 1 else img, cmap="gray")
+    ax.imshow((img.squeeze(-1) if img.ndim == 3 and img.shape[-1] == 1 else img).numpy(), cmap="gray")
     ax.set(xticks=[], yticks=[])
     for s in ax.spines.values(): s.set(visible=colour is not None, color=colour or "k", linewidth=3)
 
