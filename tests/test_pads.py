@@ -300,6 +300,9 @@ def test_registered_with_the_paper_presets():
         ks = (1, 10, 100, 1000) if name == "sop" else (1, 2, 4, 8)                          # official k_vals
         assert p["ks"] == p["method_kwargs"]["recall_ks"] == ks
     assert PADS.presets["sop"]["method_kwargs"]["val_by_class"] is True                   # whole classes on SOP (official)
+    for name, at in (("cub200", 150), ("cars196", 140), ("sop", 80)):                     # the official runs' schedule
+        p = PADS.presets[name]
+        assert (p["lr_schedule"], p["lr_milestones"], p["lr_gamma"], p["freeze_bn"]) == ("multistep", (at,), 0.3, True)
 
 
 def test_presets_are_valid_train_configs():
