@@ -13,7 +13,8 @@ from fastcore.imports import in_notebook
 from fastcore.docments import docments
 from .registry import UnknownNameError, DATASETS, LOSSES, MINERS, METHODS
 from .models import PretrainedWeightsUnavailable
-from .train import TrainConfig, ConfigError, Trainer, preset_config
+from .train import TrainConfig, ConfigError, Trainer, preset_config, TrainingDiverged
+from .checkpoint import CheckpointError
 from .results import ExperimentError, run_experiment
 
 # %% auto #0
@@ -193,14 +194,17 @@ def list_command(args) -> int:
     return 0
 
 # %% ../nbs/10_cli.ipynb #d16389f8
-USER_ERRORS = (ConfigError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
+USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
 
 def read_config_file(path) -> dict:
     "The `TrainConfig` fields (and `preset`) of a YAML or JSON file; an unknown key is an error that names it."
     import yaml
     p = Path(path)
     if not p.is_file(): raise FileNotFoundError(f"configuration file {p} does not exist")
-    values = yaml.safe_load(p.read_text()) or {}   # YAML reads JSON too
+    try: values = yaml.safe_load(p.read_text()) or {}   # YAML reads JSON too
+    except yaml.YAMLError as e:
+        m = getattr(e, "problem_mark", None); where = f":{m.line + 1}:{m.column + 1}" if m else ""
+        raise ConfigError(f"{p}{where}: not valid YAML or JSON ({getattr(e, 'problem', None) or e})") from None
     if not isinstance(values, dict):
         raise ConfigError(f"{p} must hold a mapping of field: value, not {type(values).__name__}")
     unknown = sorted(set(values) - {f.name for f in fields(TrainConfig)} - {"preset"})
@@ -216,7 +220,7 @@ def train_command(args) -> int:
     "Run `dml-book train` with parsed `args`; print the results table."
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config") and not (k == "preset" and v is None)}
     given = {**(read_config_file(args.config) if args.config else {}), **flags}   # the flags win over the file
-    if "ks" in given: given["ks"] = tuple(given["ks"])
+    if isinstance(given.get("ks"), list): given["ks"] = tuple(given["ks"])
     method, preset = given.pop("method", "baseline"), given.pop("preset", None)
     cfg = preset_config(method, preset, **{**CLI_DEFAULTS, **given})
     cfg = dataset_defaults(cfg, given, METHODS.get(method).presets.get(preset, {}) if preset else {})

@@ -85,9 +85,9 @@ class Preprocess:
 
 # %% ../nbs/12_inference.ipynb #f62dc835
 def _read_checkpoint(path: Path, map_location="cpu") -> dict:
-    "A checkpoint's contents, read with `weights_only=True` (plain types and tensors: no code runs)."
-    try: return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e: raise ConfigError(f"cannot read checkpoint {path}: {str(e).splitlines()[0]}") from None
+    "A checkpoint's contents, checksum verified and read with `weights_only=True` (no code runs): the trainer's one loader."
+    from dml_book.checkpoint import read_checkpoint
+    return read_checkpoint(path, map_location)
 
 def checkpoint_file(run_dir, checkpoint: str = "best") -> Path:
     "The checkpoint of `run_dir` to load: `best.pt` (else the last) for 'best', `checkpoint.pt` for 'last'."

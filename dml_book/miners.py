@@ -26,6 +26,8 @@ class Miner:
                  labels: Tensor, # (B,) integer labels
                 ) -> tuple[Tensor, Tensor, Tensor]: # anchors, positives, negatives (1-d LongTensors)
         check_batch(embeddings, labels)
+        from dml_book.losses.base import check_finite
+        check_finite(embeddings)   # a NaN row would be mined like any other
         x = F.normalize(embeddings.detach(), dim=1) if self.normalize else embeddings.detach()  # the one place miners normalise
         with torch.no_grad(): return self.mine(x, labels)
 

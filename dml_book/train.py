@@ -6,22 +6,25 @@ Docs: https://dml-book.github.io/dml_book/train.html.md"""
 
 # %% ../nbs/08_train.ipynb #f717d662
 from __future__ import annotations
-import inspect, json, os, platform, random, re, sys, time
+import inspect, json, math, os, platform, random, re, sys, time
 from dataclasses import dataclass, field, asdict, fields, replace
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
-from .registry import DATASETS, LOSSES, MINERS, METHODS, ConfigError
+from .registry import DATASETS, LOSSES, MINERS, METHODS
 from .data.core import LabelledSubset, build_split
 from .models import build_model
 from .methods.base import Method
 from .samplers import ClassBalancedBatchSampler
+from .checkpoint import write_checkpoint, read_checkpoint
+from .config import ConfigError, check_config
+from .losses.base import NonFiniteError
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, broadcast_object)
 
 # %% auto #0
 __all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler', 'Trainer',
-           'environment', 'select_epoch', 'train']
+           'to_json', 'lock_out', 'TrainingDiverged', 'environment', 'select_epoch', 'train']
 
 # %% ../nbs/08_train.ipynb #e4dc60f9
 @dataclass
@@ -122,6 +125,7 @@ class Trainer:
                  **overrides): # `TrainConfig` fields that replace those of `cfg`
         if isinstance(method, str): overrides["method"], method = method, None
         self.cfg = cfg = replace(cfg or TrainConfig(), **overrides)
+        check_config(cfg)   # the validation boundary: nothing is loaded before it passes
         _load_registries(); seed_everything(cfg.seed)
         self.dist = init_distributed()  # under torchrun: rank, world size (see `dml_book.distributed`)
         self.device, self.out = resolve_device(cfg.device, self.dist.local_rank), Path(cfg.out)
@@ -146,6 +150,8 @@ def _build_data(self: Trainer):
     if cfg.val_fraction: self._hold_out_validation()
     if self.protocol == "reid": self.query_ds, self.gallery_ds = (build_split(cfg, s, False) for s in ("query", "gallery"))
     else: self.test_ds = build_split(cfg, "test", False)
+    gallery = len(self.gallery_ds) if self.protocol == "reid" else len(self.test_ds) - 1   # a query is not its own neighbour
+    if max(cfg.ks) > gallery: raise ConfigError(f"ks={tuple(cfg.ks)}: Recall@{max(cfg.ks)} needs a gallery of at least {max(cfg.ks)} items; this one has {gallery}")
 
 @patch
 def _build_model(self: Trainer):
@@ -272,12 +278,22 @@ def validate(self: Trainer) -> dict:
     return broadcast_object(res) if self.dist.enabled else res
 
 # %% ../nbs/08_train.ipynb #b933d86f
+def _finite(v):
+    if isinstance(v, float) and not math.isfinite(v): return None
+    if isinstance(v, dict): return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)): return [_finite(x) for x in v]
+    return v
+
+def to_json(obj, **kw) -> str:
+    "Strict JSON: a NaN or infinite number is written as null, never as a bare `NaN` token."
+    return json.dumps(_finite(obj), allow_nan=False, **kw)
+
 @patch
 def log(self: Trainer, record: dict):
     "Append a record to the history and to `log.jsonl`."
     self.history.append(record)
     if not self.dist.is_main: return
-    with open(self.out/"log.jsonl", "a") as f: f.write(json.dumps(record) + "\n")
+    with open(self.out/"log.jsonl", "a") as f: f.write(to_json(record) + "\n")
 
 @patch
 def save_checkpoint(self: Trainer):
@@ -287,7 +303,7 @@ def save_checkpoint(self: Trainer):
                  model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                  loss=self.loss_fn.state_dict(), method=self.method.state_dict(),
                  scheduler=self.scheduler.state_dict() if self.scheduler else None)
-    tmp = self.out/"checkpoint.pt.tmp"; torch.save(state, tmp); os.replace(tmp, self.out/"checkpoint.pt")
+    write_checkpoint(state, self.out/"checkpoint.pt")
 
 # %% ../nbs/08_train.ipynb #56be333c
 _RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval_every")  # may differ on resume
@@ -295,7 +311,7 @@ _RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval
 @patch
 def load_checkpoint(self: Trainer, path):
     "Restore everything `save_checkpoint` wrote; refuse a checkpoint of a different configuration."
-    state = torch.load(path, map_location=self.device, weights_only=False)
+    state = read_checkpoint(path, map_location=self.device)
     mine, theirs = asdict(self.cfg), state["config"]
     diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k))]
     if diff: raise ConfigError(f"{path} was written by a different configuration (differs in: {', '.join(diff)}); "
@@ -304,7 +320,7 @@ def load_checkpoint(self: Trainer, path):
     self.loss_fn.load_state_dict(state["loss"]); self.method.load_state_dict(state["method"])
     if self.scheduler: self.scheduler.load_state_dict(state["scheduler"])
     self.epoch, self.step, self.history = state["epoch"], state["step"], state["history"]
-    if self.dist.is_main: (self.out/"log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in self.history))
+    if self.dist.is_main: (self.out/"log.jsonl").write_text("".join(to_json(r) + "\n" for r in self.history))
 
 # %% ../nbs/08_train.ipynb #cc132ba1
 def _prepare_out(out: Path):
@@ -320,27 +336,58 @@ def _record_preprocessing(self: Trainer):
     from dml_book.inference import preprocessing_spec
     (self.out/"preprocessing.json").write_text(json.dumps(preprocessing_spec(self.cfg, self.train_ds[0][0])))
 
+def lock_out(out: Path):
+    "Hold an OS lock on `out/.lock` (released when the process dies); a folder in use is a `ConfigError` naming the holder."
+    import fcntl
+    f = open(out/".lock", "a+")
+    try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0); pid = f.read().strip() or "unknown"; f.close()
+        raise ConfigError(f"output folder {out} is in use by another run (process {pid}); wait for it or choose another --out") from None
+    f.seek(0); f.truncate(); f.write(str(os.getpid())); f.flush()
+    return f
+
 @patch
 def fit(self: Trainer) -> dict:
     "Train (resuming from `out/checkpoint.pt` if present), evaluate, and write `metrics.json`; returns the final metrics."
     cfg = self.cfg
     if self.dist.is_main: _prepare_out(self.out); _record_preprocessing(self)
-    if self.dist.enabled: torch.distributed.barrier()
-    if (self.out/"checkpoint.pt").exists(): self.load_checkpoint(self.out/"checkpoint.pt")
-    else:
-        if self.dist.is_main: (self.out/"log.jsonl").write_text("")
-        self.log({"epoch": 0, "step": 0, "kind": "epoch", **self.evaluate(), **self.validate()})
-        self.keep_if_best()
-    while self.epoch < cfg.epochs:
-        self.epoch += 1
-        rec = self.run_epoch()
-        self.log({"epoch": self.epoch, "step": self.step, "kind": "epoch", **rec})
-        self.keep_if_best(); self.save_checkpoint()
-    self.write_metrics()
-    if self.dist.enabled: torch.distributed.barrier()   # every rank returns after metrics.json exists
-    return self.final_metrics
+    lock = lock_out(self.out) if self.dist.is_main else None   # rank 0 holds the folder until the run ends
+    try:
+        if self.dist.enabled: torch.distributed.barrier()
+        if (self.out/"checkpoint.pt").exists(): self.load_checkpoint(self.out/"checkpoint.pt")
+        else:
+            if self.dist.is_main: (self.out/"log.jsonl").write_text("")
+            self.log({"epoch": 0, "step": 0, "kind": "epoch", **self.evaluate(), **self.validate()})
+            self.keep_if_best()
+        while self.epoch < cfg.epochs:
+            self.epoch += 1
+            rec = self.run_epoch()
+            self.log({"epoch": self.epoch, "step": self.step, "kind": "epoch", **rec})
+            self.keep_if_best(); self.save_checkpoint()
+        self.write_metrics()
+        if self.dist.enabled: torch.distributed.barrier()   # every rank returns after metrics.json exists
+        return self.final_metrics
+    finally:
+        if lock is not None: lock.close()
 
 # %% ../nbs/08_train.ipynb #8dfe3585
+class TrainingDiverged(RuntimeError):
+    "A training step produced a NaN or infinite loss or gradient; the last epoch's checkpoint is untouched."
+
+@patch
+def diverged(self: Trainer, epoch, step, losses, why) -> TrainingDiverged:
+    last = f"{losses[-1]:.6g}" if losses else "none this epoch"
+    return TrainingDiverged(f"training diverged at epoch {epoch}, step {step}: {why} (last finite loss: {last}); "
+                            f"checkpoint.pt still holds epoch {epoch - 1}")
+
+@patch
+def check_step_finite(self: Trainer, epoch, logs, losses):
+    "Stop the run at the first step whose loss or any gradient is not finite (one fused check)."
+    grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+    ok = math.isfinite(logs.get("loss", 0.0)) and (not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()))
+    if not ok: raise self.diverged(epoch, self.step, losses, "the loss or a gradient is NaN or infinite")
+
 @patch
 def run_epoch(self: Trainer) -> dict:
     "One epoch of training; returns the epoch's summary (mean loss, the method's values, test metrics when due)."
@@ -351,7 +398,9 @@ def run_epoch(self: Trainer) -> dict:
     batches = progress_bar(self.loader, total=n, leave=False) if cfg.progress else self.loader
     for i, (x, y) in enumerate(batches):
         if i >= n: break
-        logs = self.method.training_step(self, x.to(self.device), y.to(self.device)); self.step += 1
+        try: logs = self.method.training_step(self, x.to(self.device), y.to(self.device)); self.step += 1
+        except NonFiniteError as err: raise self.diverged(e, self.step + 1, losses, str(err)) from None
+        self.check_step_finite(e, logs, losses)
         if self.scheduler and cfg.lr_step_per == "iteration": self.scheduler.step()
         if "loss" in logs: losses.append(logs["loss"])
         if self.step % cfg.log_every == 0: self.log({"epoch": e, "step": self.step, "kind": "step", **logs})
@@ -387,7 +436,7 @@ def keep_if_best(self: Trainer):
     "Save the model as `best.pt` when the epoch just logged is the best so far on the validation split."
     epochs = [r for r in self.history if r.get("kind") == "epoch"]
     if self.val_ds is None or not self.dist.is_main or "val_R@1" not in epochs[-1] or select_epoch(epochs) is not epochs[-1]: return
-    torch.save(dict(epoch=self.epoch, model=self.model.state_dict(), method=self.method.state_dict()), self.out/"best.pt")
+    write_checkpoint(dict(epoch=self.epoch, model=self.model.state_dict(), method=self.method.state_dict()), self.out/"best.pt")
 
 @patch
 def write_metrics(self: Trainer):
@@ -400,7 +449,7 @@ def write_metrics(self: Trainer):
                    final=self.final_metrics, epochs=epochs)
     if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
         summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
-    (self.out/"metrics.json").write_text(json.dumps(summary, indent=1))
+    (self.out/"metrics.json").write_text(to_json(summary, indent=1))
 
 
 # %% ../nbs/08_train.ipynb #dbd5e93e

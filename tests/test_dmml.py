@@ -2,6 +2,7 @@
 import math
 import numpy as np
 import pytest
+from dml_book.checkpoint import read_checkpoint
 import torch
 import torch.nn.functional as F
 
@@ -271,7 +272,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     train(TrainConfig(epochs=1, out=str(tmp_path/"resumed"), **kw))
     resumed = Trainer(TrainConfig(epochs=2, out=str(tmp_path/"resumed"), **kw))
     resumed.fit()
-    a = torch.load(tmp_path/"straight"/"checkpoint.pt", weights_only=False)
+    a = read_checkpoint(tmp_path/"straight"/"checkpoint.pt")
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.005)
     for k, v in a["model"].items():
         torch.testing.assert_close(resumed.model.state_dict()[k], v, rtol=0, atol=0)

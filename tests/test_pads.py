@@ -2,6 +2,7 @@
 import copy, json, math
 import numpy as np
 import pytest
+from dml_book.checkpoint import read_checkpoint
 import torch
 import torch.nn.functional as F
 from scipy.stats import chisquare
@@ -368,8 +369,8 @@ def test_resumed_run_equals_uninterrupted(tmp_path):
     tr.run_epoch = crash_in_epoch_2
     with pytest.raises(KeyboardInterrupt): tr.fit()
     train(_cfg(tmp_path / "half"))                # a new process: resumes from the epoch-1 checkpoint
-    a = torch.load(tmp_path / "full" / "checkpoint.pt", weights_only=False)
-    b = torch.load(tmp_path / "half" / "checkpoint.pt", weights_only=False)
+    a = read_checkpoint(tmp_path / "full" / "checkpoint.pt")
+    b = read_checkpoint(tmp_path / "half" / "checkpoint.pt")
     for k, v in a["model"].items(): assert torch.equal(v, b["model"][k]), k
     for k, v in a["method"].items():
         if torch.is_tensor(v): assert torch.equal(v, b["method"][k]), k

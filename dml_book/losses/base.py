@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from ..distances import check_batch, check_tuple
 
 # %% auto #0
-__all__ = ['LossOutput', 'Reduction', 'as_reduction', 'reduce_losses', 'masked_reduce', 'BaseLoss']
+__all__ = ['LossOutput', 'Reduction', 'as_reduction', 'reduce_losses', 'masked_reduce', 'NonFiniteError', 'check_finite',
+           'BaseLoss']
 
 # %% ../../nbs/04_losses.base.ipynb #61a5bf43
 class LossOutput(NamedTuple):
@@ -68,6 +69,16 @@ def masked_reduce(l: Tensor, # losses, 0 where `mask` is False
     n = mask.sum() if reduction is Reduction.MEAN else (l > 0).sum()
     return l.sum() / n.clamp_min(1)
 
+# %% ../../nbs/04_losses.base.ipynb #01b144fe
+class NonFiniteError(ValueError):
+    "An embedding with NaN or infinite entries: a loss or miner refuses it rather than return a finite value."
+
+def check_finite(embeddings: Tensor, what: str = "embeddings"):
+    "One fused `isfinite` over the batch; the error names the first bad row."
+    if not torch.isfinite(embeddings).all():
+        row = int((~torch.isfinite(embeddings)).any(1).nonzero()[0])
+        raise NonFiniteError(f"{what} row {row} is not finite (NaN or inf); a loss of it would hide the NaN in its gradient")
+
 # %% ../../nbs/04_losses.base.ipynb #8897b60d
 class BaseLoss(nn.Module):
     "Base of every loss: input checks, per-tuple `compute`, then reduction."
@@ -93,7 +104,7 @@ def _forward(self: BaseLoss,
              weights: Tensor|None = None, # (T,) one weight per tuple used; the loss is then sum(w*l)/sum(w) per block
             ) -> Tensor|LossOutput: # a scalar, or a `LossOutput` when `reduction="none"`
     "The loss of a batch."
-    check_batch(embeddings, labels)
+    check_batch(embeddings, labels); check_finite(embeddings)
     check_tuple(indices_tuple, len(embeddings))
     if self.normalize: embeddings = F.normalize(embeddings, dim=1)  # the one place losses normalise
     if indices_tuple is None and weights is None and self.reduction is not Reduction.NONE:

@@ -1,0 +1,196 @@
+"Faults a careful user or a hostile file meets: crafted, damaged and half-written checkpoints, bad settings, NaN, a shared output folder."
+import errno, hashlib, io, json, os, subprocess, sys
+from pathlib import Path
+import pytest, torch
+from dml_book.checkpoint import MAGIC, CheckpointError, read_checkpoint, write_checkpoint
+import dml_book.losses, dml_book.miners  # noqa: F401  (fill the registries)
+from dml_book.registry import LOSSES, MINERS
+
+FAST = ["--dataset", "digits", "--embedding-dim", "8", "--batch-size", "40", "--m-per-class", "8", "--epochs", "1",
+        "--max-steps-per-epoch", "2", "--no-umap", "--no-progress"]
+
+
+def _cli(*argv):
+    return subprocess.run([sys.executable, "-m", "dml_book.cli", *argv], capture_output=True, text=True)
+
+
+class _Payload:
+    "A pickle that, if unpickled, creates the file `marker`."
+    def __init__(self, marker): self.marker = str(marker)
+    def __reduce__(self): return (open, (self.marker, "w"))
+
+
+def _crafted(path: Path, marker: Path):
+    "A checkpoint with a valid header and checksum whose pickle would run code."
+    buf = io.BytesIO(); torch.save({"epoch": 1, "model": _Payload(marker)}, buf); payload = buf.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload)
+
+
+def test_crafted_checkpoint_runs_no_code_from_the_api(tmp_path):
+    marker = tmp_path/"pwned"; _crafted(tmp_path/"checkpoint.pt", marker)
+    with pytest.raises(CheckpointError, match=r"not loadable as weights only \(UnpicklingError\); choose another --out, or remove the file"):
+        read_checkpoint(tmp_path/"checkpoint.pt")
+    assert not marker.exists()
+
+
+def test_crafted_checkpoint_runs_no_code_from_the_cli(tmp_path):
+    out = tmp_path/"run"; marker = tmp_path/"pwned"; _crafted(out/"checkpoint.pt", marker)
+    r = _cli("train", *FAST, "--out", str(out))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"checkpoint {out/'checkpoint.pt'} is not loadable" in r.stderr and not marker.exists()
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b[:len(b)//2], "checksum does not match"),
+    (lambda b: b[:-30] + bytes([b[-30] ^ 0x10]) + b[-29:], "checksum does not match"),   # one flipped bit
+    (lambda b: b"", "is empty"),
+    (lambda b: b"PK\x03\x04 not ours", "not a dml_book checkpoint")])
+def test_damaged_checkpoints_are_named(tmp_path, damage, message):
+    p = tmp_path/"checkpoint.pt"; write_checkpoint({"epoch": 2, "w": torch.randn(50)}, p)
+    p.write_bytes(damage(p.read_bytes()))
+    with pytest.raises(CheckpointError, match=message) as e: read_checkpoint(p)
+    assert str(p) in str(e.value) and "remove the file to start over" in str(e.value)
+
+
+def test_damaged_checkpoint_from_the_cli(tmp_path):
+    out = tmp_path/"run"; out.mkdir(); write_checkpoint({"epoch": 1}, out/"checkpoint.pt")
+    raw = bytearray((out/"checkpoint.pt").read_bytes()); raw[-5] ^= 1; (out/"checkpoint.pt").write_bytes(bytes(raw))
+    r = _cli("train", *FAST, "--out", str(out))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "checksum does not match" in r.stderr, r.stderr
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    "An injected ENOSPC: one clear error, no temp file left, the previous checkpoint still loads."
+    p = tmp_path/"checkpoint.pt"; write_checkpoint({"epoch": 1, "w": torch.ones(3)}, p)
+    def full(fd): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(CheckpointError, match="no space was left on the device; the previous checkpoint is intact"):
+        write_checkpoint({"epoch": 2, "w": torch.zeros(3)}, p)
+    monkeypatch.undo()
+    assert [x.name for x in tmp_path.iterdir()] == ["checkpoint.pt"] and read_checkpoint(p)["epoch"] == 1
+
+
+BAD_SETTINGS = {  # field: (command-line flags, a fragment of the one-line error)
+    "dataset": (["--dataset", "mnist"], "unknown dataset 'mnist'"),
+    "data_root": (["--dataset", "cub200"], "needs --data-root"),
+    "dataset_kwargs": (["--dataset-kwargs", '{"sizee": 3}'], "does not take dataset_kwargs"),
+    "transform": (["--transform", "retrieval227"], "leave transform unset"),
+    "backbone": (["--backbone", "resnet19"], "unknown backbone 'resnet19'"),
+    "embedding_dim": (["--embedding-dim", "0"], "embedding_dim=0 is invalid"),
+    "head": (["--head", "mlp"], "head='mlp' is invalid"),
+    "last_stride": (["--last-stride", "3"], "last_stride=3 is invalid"),
+    "normalize": (["--config", "{tmp}/c.yaml"], "normalize='yes' is invalid"),
+    "pretrained": (["--pretrained"], "smallcnn backbone has no pretrained weights"),
+    "weights_path": (["--backbone", "resnet18", "--weights-path", "{tmp}/none.pth"], "none.pth"),
+    "loss": (["--loss", "arcfacee"], "unknown loss 'arcfacee'"),
+    "loss_kwargs": (["--loss-kwargs", '{"margin": "x"}'], "loss_kwargs margin='x'"),
+    "miner": (["--miner", "hardest"], "unknown miner 'hardest'"),
+    "miner_kwargs": (["--miner-kwargs", '{"x": 1}'], "miner_kwargs {'x': 1} given without a miner"),
+    "method": (["--method", "pad"], "unknown method 'pad'"),
+    "method_kwargs": (["--method-kwargs", '{"x": 1}'], "method 'baseline' rejects method_kwargs"),
+    "epochs": (["--epochs", "-3"], "epochs=-3 is invalid"),
+    "batch_size": (["--batch-size", "0"], "batch_size=0 is invalid"),
+    "m_per_class": (["--m-per-class", "0"], "m_per_class=0 is invalid"),
+    "lr_backbone": (["--lr-backbone", "-0.1"], "lr_backbone=-0.1 is invalid"),
+    "lr_head": (["--lr-head", "nan"], "lr_head=nan is invalid"),
+    "weight_decay": (["--weight-decay", "-1"], "weight_decay=-1.0 is invalid"),
+    "max_steps_per_epoch": (["--max-steps-per-epoch", "0"], "max_steps_per_epoch=0 is invalid"),
+    "eval_every": (["--eval-every", "0"], "eval_every=0 is invalid"),
+    "val_fraction": (["--val-fraction", "1.5"], "val_fraction=1.5 is invalid"),
+    "ks": (["--ks", "1", "5000"], "Recall@5000 needs a gallery of at least 5000 items"),
+    "log_every": (["--log-every", "0"], "log_every=0 is invalid"),
+    "seed": (["--seed", "-1"], "seed=-1 is invalid"),
+    "out": (["--out", "/proc/no/such"], "not writable"),
+    "device": (["--device", "cuda:9"], "device='cuda:9'"),
+    "num_workers": (["--num-workers", "-1"], "num_workers=-1 is invalid"),
+    "progress": (["--config", "{tmp}/p.yaml"], "progress=3 is invalid"),
+    "umap": (["--config", "{tmp}/u.yaml"], "umap='no' is invalid"),
+}
+
+
+def test_every_field_has_a_bad_setting():
+    from dataclasses import fields
+    from dml_book.train import TrainConfig
+    assert sorted(BAD_SETTINGS) == sorted(f.name for f in fields(TrainConfig))
+
+
+@pytest.mark.parametrize("name", sorted(BAD_SETTINGS))
+def test_a_bad_setting_is_one_line_and_exit_2(name, tmp_path, capsys):
+    from dml_book.cli import main
+    (tmp_path/"c.yaml").write_text("normalize: 'yes'\n"); (tmp_path/"p.yaml").write_text("progress: 3\n")
+    (tmp_path/"u.yaml").write_text("umap: 'no'\n")
+    flags, fragment = BAD_SETTINGS[name]
+    out = [] if "--out" in flags else ["--out", str(tmp_path/"run")]
+    quiet = [f for f in ("--no-umap", "--no-progress") if f[5:] != name]   # a flag would override the file's bad value
+    argv = ["train", "--dataset", "digits", *quiet, "--batch-size", "20", *out, *[a.replace("{tmp}", str(tmp_path)) for a in flags]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dml-book: error: ") and err.count("\n") == 1 and fragment in err, err
+    assert not (tmp_path/"run"/"checkpoint.pt").exists()
+
+
+def test_a_config_file_syntax_error_names_line_and_column(tmp_path, capsys):
+    from dml_book.cli import main
+    (tmp_path/"bad.yaml").write_text("epochs: [1\nlr_head: 2\n")
+    assert main(["train", "--config", str(tmp_path/"bad.yaml"), "--out", str(tmp_path/"run")]) == 2
+    assert f"{tmp_path/'bad.yaml'}:2:" in capsys.readouterr().err
+
+
+def test_a_loss_that_turns_nan_stops_the_run_where_it_starts(tmp_path):
+    "NaN embeddings from step 3 of epoch 2: one error naming epoch, step and last finite loss; epoch 1's checkpoint intact."
+    from dml_book.train import Trainer, TrainingDiverged
+    t = Trainer(dataset="digits", embedding_dim=8, batch_size=40, m_per_class=8, epochs=2, max_steps_per_epoch=4, out=str(tmp_path))
+    forward, calls = t.model.forward, [0]
+    def poisoned(x):
+        z = forward(x)
+        if t.model.training: calls[0] += 1
+        return z * float("nan") if calls[0] >= 7 else z     # the 7th training step is epoch 2, step 3
+    t.model.forward = poisoned
+    with pytest.raises(TrainingDiverged, match=r"at epoch 2, step 7: embeddings row 0 is not finite .* \(last finite loss: [0-9.]+\); checkpoint.pt still holds epoch 1"):
+        t.fit()
+    assert read_checkpoint(tmp_path/"checkpoint.pt")["epoch"] == 1
+    for line in (tmp_path/"log.jsonl").read_text().splitlines(): json.loads(line)   # valid JSON throughout
+
+
+def test_nan_in_a_log_record_is_written_as_null(tmp_path):
+    from dml_book.train import to_json
+    s = to_json({"loss": float("nan"), "R@1": [float("inf"), 0.5]})
+    assert json.loads(s) == {"loss": None, "R@1": [None, 0.5]} and "NaN" not in s
+
+
+@pytest.mark.parametrize("name", LOSSES.names())
+def test_losses_refuse_a_nan_embedding(name):
+    import dml_book.losses  # noqa: F401
+    from dml_book.registry import LOSSES
+    from dml_book.losses.base import NonFiniteError
+    if name not in LOSSES: pytest.skip(f"no loss {name!r} registered")
+    cls = LOSSES.get(name)
+    loss = cls(num_classes=4, embedding_size=6) if getattr(cls, "uses_proxies", False) else cls()
+    e = torch.randn(8, 6); e[5, 2] = float("nan"); y = torch.arange(4).repeat(2)
+    with pytest.raises(NonFiniteError, match="row 5 is not finite"): loss(e, y)
+
+
+@pytest.mark.parametrize("name", MINERS.names())
+def test_miners_refuse_a_nan_embedding(name):
+    import dml_book.miners  # noqa: F401
+    from dml_book.registry import MINERS
+    from dml_book.losses.base import NonFiniteError
+    if name not in MINERS: pytest.skip(f"no miner {name!r} registered")
+    e = torch.randn(8, 6); e[2, 0] = float("inf"); y = torch.arange(4).repeat(2)
+    with pytest.raises(NonFiniteError, match="row 2 is not finite"): MINERS.get(name)()(e, y)
+
+
+def test_two_runs_cannot_share_an_output_folder(tmp_path):
+    "A second process while the first holds the lock: exit 2, naming the first's PID; the lock dies with its holder."
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from dml_book.train import lock_out; "
+                               "Path(sys.argv[1]).mkdir(); f = lock_out(Path(sys.argv[1])); print('locked', flush=True); time.sleep(60)",
+                               str(tmp_path/"run")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        r = _cli("train", *FAST, "--out", str(tmp_path/"run"))
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+        assert f"is in use by another run (process {holder.pid})" in r.stderr, r.stderr
+    finally: holder.kill(); holder.wait()
+    from dml_book.train import lock_out
+    lock_out(tmp_path/"run").close()                         # free again once the holder is gone (even by SIGKILL)
