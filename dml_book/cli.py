@@ -1,4 +1,4 @@
-"""`dml-book train ...`: every field of `TrainConfig` as a flag, presets of the methods, one-line errors; `dml-book experiment NAME -p key value` runs an experiment notebook.
+"""`dml-book train ...`: every field of `TrainConfig` as a flag, presets of the methods, one-line errors; `dml-book experiment NAME -p key value` runs an experiment notebook; `evaluate`, `embed`, `index`, `search` use a trained run; `list` names the choices.
 
 Docs: https://dml-book.github.io/dml_book/cli.html.md"""
 
@@ -7,10 +7,11 @@ Docs: https://dml-book.github.io/dml_book/cli.html.md"""
 # %% ../nbs/10_cli.ipynb #d5b67c0f
 from __future__ import annotations
 import argparse, json, sys
-from dataclasses import fields, asdict
+from dataclasses import fields, asdict, replace
 from pathlib import Path
 from fastcore.imports import in_notebook
-from .registry import UnknownNameError
+from fastcore.docments import docments
+from .registry import UnknownNameError, DATASETS, LOSSES, MINERS, METHODS
 from .models import PretrainedWeightsUnavailable
 from .train import TrainConfig, ConfigError, Trainer, preset_config, TrainingDiverged
 from .checkpoint import CheckpointError
@@ -18,7 +19,9 @@ from .data.core import ImageReadError
 from .results import ExperimentError, run_experiment
 
 # %% auto #0
-__all__ = ['USER_ERRORS', 'parser', 'results_table', 'read_config_file', 'train_command', 'experiment_command', 'main']
+__all__ = ['CLI_DEFAULTS', 'LISTS', 'USER_ERRORS', 'choices', 'parser', 'results_table', 'evaluate_command', 'embed_command',
+           'index_command', 'search_command', 'catalogue', 'list_command', 'read_config_file', 'dataset_defaults',
+           'train_command', 'experiment_command', 'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
@@ -28,25 +31,92 @@ def _parse_type(annotation: str):
         if annotation.startswith(name): return conv
     return str
 
+CLI_DEFAULTS = {"progress": True, "umap": True}   # where `dml-book train` departs from `TrainConfig`'s defaults
+
+def choices() -> dict[str, list[str]]:
+    "The names each naming field of `TrainConfig` accepts (registered datasets, losses, miners, methods, ...)."
+    from dml_book.train import _load_registries
+    from dml_book.models import BACKBONES
+    from dml_book.data.transforms import TRANSFORM_PRESETS
+    _load_registries()
+    return dict(dataset=DATASETS.names(), backbone=["smallcnn", *sorted(BACKBONES)], transform=sorted(TRANSFORM_PRESETS),
+                loss=LOSSES.names(), miner=MINERS.names(), method=METHODS.names(), head=["identity", "linear"])
+
+# %% ../nbs/10_cli.ipynb #d50395c9
+def _without_names(comment: str, names: list[str]) -> str:
+    "`comment` without a list of the choices it spells out (the help lists the registered ones)."
+    only_names = lambda s: all(w in names or w in ("or", "...") for w in s.replace(",", " ").split())
+    head, _, tail = comment.partition(": ")
+    if only_names(comment): return ""
+    return f"{head}; " if tail and only_names(tail) else f"{comment}; "
+
 def _add_config_flags(p: argparse.ArgumentParser):
-    defaults = asdict(TrainConfig())
+    docs, defaults, names = docments(TrainConfig), {**asdict(TrainConfig()), **CLI_DEFAULTS}, choices()
     for f in fields(TrainConfig):
         flag, conv, kw = "--" + f.name.replace("_", "-"), _parse_type(str(f.type)), dict(default=argparse.SUPPRESS)
-        help = f"default: {defaults[f.name]!r}"
+        help = docs.get(f.name) or ""
+        if f.name in names: help = _without_names(help, names[f.name]) + f"one of: {', '.join(names[f.name])}"
+        help = f"{help} (default: {defaults[f.name]!r})".replace("%", "%%")
         if str(f.type) == "bool": p.add_argument(flag, action=argparse.BooleanOptionalAction, help=help, **kw)
         elif str(f.type).startswith("tuple"): p.add_argument(flag, type=conv, nargs="+", help=help, **kw)
         else: p.add_argument(flag, type=conv, help=help, metavar=f.name.upper(), **kw)
 
+# %% ../nbs/10_cli.ipynb #372cf769
+def _add_run_commands(sub):
+    "The subcommands that use a trained run: evaluate, embed, index, search; and list."
+    run = dict(help="a training run's output folder (holding checkpoint.pt)")
+    ckpt = dict(choices=("best", "last"), default="best",
+                help="best.pt (the epoch a validation split chose; the last checkpoint when there is none) or checkpoint.pt (default: best)")
+    dev = dict(default="auto", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
+    ev = sub.add_parser("evaluate", help="test metrics of a run's checkpoint, on its own test split or another dataset")
+    ev.add_argument("run_dir", **run); ev.add_argument("--checkpoint", **ckpt); ev.add_argument("--device", **dev)
+    ev.add_argument("--dataset", default=None, help="evaluate on this registered dataset instead (default: the run's)")
+    ev.add_argument("--data-root", default=None, help="its folder")
+    ev.add_argument("--dataset-kwargs", type=json.loads, default=None, metavar="JSON", help="its constructor arguments")
+    ev.add_argument("--json", action="store_true", help="print JSON with the keys of metrics.json's final metrics")
+    em = sub.add_parser("embed", help="embed image files or folders with a run's network and evaluation preprocessing")
+    em.add_argument("run_dir", **run); em.add_argument("images", nargs="+", help="image files and folders (searched recursively)")
+    em.add_argument("--out", required=True, help="FILE.npz (embeddings and paths) or FILE.npy (paths in FILE.paths.txt)")
+    ix = sub.add_parser("index", help="build a faiss index of images embedded by a run")
+    ix.add_argument("run_dir", **run); ix.add_argument("images", nargs="+", help="the gallery: image files and folders (recursively)")
+    ix.add_argument("--out", required=True, help="the index folder to write (index.faiss, index.json)")
+    ix.add_argument("--approximate", choices=("ivf", "hnsw"), default=None, help="an approximate index for large galleries (default: exact)")
+    ix.add_argument("--metric", choices=("l2", "ip"), default="l2", help="Euclidean distance or inner product (default: l2)")
+    ix.add_argument("--nlist", type=int, default=1024, help="IVF: k-means cells (default: 1024, at most one per 39 images)")
+    ix.add_argument("--nprobe", type=int, default=16, help="IVF: cells visited per query (default: 16)")
+    ix.add_argument("--hnsw-m", type=int, default=32, help="HNSW: links per vector (default: 32)")
+    for p in (em, ix):
+        p.add_argument("--checkpoint", **ckpt); p.add_argument("--device", **dev)
+        p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default: 256)")
+    se = sub.add_parser("search", help="the nearest gallery images of query images, with an index from `dml-book index`")
+    se.add_argument("index_dir", help="an index folder written by `dml-book index`")
+    se.add_argument("queries", nargs="+", help="query image files and folders")
+    se.add_argument("-k", type=_positive, default=5, help="neighbours per query (default: 5)")
+    se.add_argument("--json", action="store_true", help='print a JSON list per query of {"path", "distance"}')
+    se.add_argument("--gallery-figure", default=None, metavar="FILE", help="save a figure of the queries and their neighbours")
+    se.add_argument("--device", **dev)
+    ls = sub.add_parser("list", help="the registered names: datasets, losses, miners, methods, presets, backbones, transforms")
+    ls.add_argument("what", nargs="?", choices=LISTS, default=None, help="one kind (default: all)")
+
+def _positive(s: str) -> int:
+    if not s.isdigit() or int(s) < 1: raise argparse.ArgumentTypeError(f"must be a positive integer, not {s!r}")
+    return int(s)
+
+LISTS = ("datasets", "losses", "miners", "methods", "presets", "backbones", "transforms")
+
 # %% ../nbs/10_cli.ipynb #d1f05b9b
 def parser() -> argparse.ArgumentParser:
     "The `dml-book` argument parser."
-    p = argparse.ArgumentParser(prog="dml-book", description="Deep metric learning: train and evaluate, run experiments.")
+    p = argparse.ArgumentParser(prog="dml-book", description="Deep metric learning: train, evaluate, embed, index and search; run experiments.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train and evaluate one configuration (resumes from OUT/checkpoint.pt)")
-    t.add_argument("--preset", default=None, help="a named preset of the method (e.g. the paper's settings)")
+    choices()   # fills the registries
+    presets = "; ".join(f"{m}: {', '.join(METHODS.get(m).presets)}" for m in METHODS.names() if METHODS.get(m).presets)
+    t.add_argument("--preset", default=None, help=f"a named preset of the method (e.g. the paper's settings); {presets}")
     t.add_argument("--config", default=None, metavar="FILE",
                    help="a YAML or JSON file of the fields below (and preset); flags given here override it")
     _add_config_flags(t)
+    _add_run_commands(sub)
     e = sub.add_parser("experiment", help="run an experiment notebook with papermill; the executed notebook is saved beside its results")
     e.add_argument("name", help="an experiment of nbs/experiments (train_eval, hdml, ...) or a path to a notebook")
     e.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
@@ -66,6 +136,64 @@ def results_table(untrained: dict, final: dict) -> str:
     lines += [f"{k:<{w}}  {(f'{u:.4f}' if u is not None else '-'):>9}  {v:7.4f}" for k, u, v in rows]
     return "\n".join(lines)
 
+# %% ../nbs/10_cli.ipynb #a23086bd
+def evaluate_command(args) -> int:
+    "`dml-book evaluate`: the metrics of a run's checkpoint, as a table or JSON."
+    from dml_book.inference import evaluate_run
+    m = evaluate_run(args.run_dir, args.checkpoint, args.dataset, args.data_root, args.dataset_kwargs, args.device)
+    if args.json: print(json.dumps(m)); return 0
+    w = max(map(len, m))
+    print("\n".join(f"{k:<{w}}  {v:.4f}" for k, v in m.items()))
+    return 0
+
+def embed_command(args) -> int:
+    "`dml-book embed`: embeddings of image files to .npz or .npy."
+    from dml_book.inference import load_run, embed, image_files, save_embeddings
+    files = image_files(*args.images)
+    model, transform, _ = load_run(args.run_dir, args.checkpoint, args.device)
+    e = embed(model, files, transform, args.batch_size)
+    written = save_embeddings(args.out, e, [p.resolve() for p in files])
+    print(f"{len(e)} embeddings of dimension {e.shape[1]} written to {', '.join(map(str, written))}")
+    return 0
+
+# %% ../nbs/10_cli.ipynb #a178251a
+def index_command(args) -> int:
+    "`dml-book index`: a faiss index of images, saved to a folder."
+    from dml_book.index import index_images
+    idx = index_images(args.run_dir, args.images, args.checkpoint, args.device, args.batch_size, metric=args.metric,
+                       kind=args.approximate or "flat", nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m)
+    print(f"{idx!r} written to {idx.save(args.out)}/")
+    return 0
+
+def search_command(args) -> int:
+    "`dml-book search`: the k nearest gallery images of each query image."
+    from dml_book.index import Index, search_images, plot_search
+    files, results = search_images(Index.load(args.index_dir), args.queries, args.k, args.device)
+    if args.json: print(json.dumps(results))
+    else:
+        for f, row in zip(files, results):
+            print(f"{f}:\n" + "\n".join(f"  {n}. {r['distance']:.4f}  {r['path']}" for n, r in enumerate(row, 1)))
+    if args.gallery_figure: plot_search(files, results).savefig(args.gallery_figure, dpi=120)
+    return 0
+
+# %% ../nbs/10_cli.ipynb #5fb88d0b
+def catalogue(what: str) -> list[tuple[str, str]]:
+    "(name, one-line description) of each registered dataset, loss, miner, method, preset, backbone or transform."
+    first = lambda obj: ((getattr(obj, "__doc__", None) or "").strip().splitlines() or [""])[0]
+    names = choices()
+    if what == "presets": return [(f"{m} {p}", "") for m in METHODS.names() for p in METHODS.get(m).presets]
+    if what in ("backbones", "transforms"): return [(n, "") for n in names[what[:-1]]]
+    reg = {"datasets": DATASETS, "losses": LOSSES, "miners": MINERS, "methods": METHODS}[what]
+    return [(n, first(reg.get(n))) for n in reg.names()]
+
+def list_command(args) -> int:
+    "`dml-book list`: what a flag can name."
+    for what in [args.what] if args.what else LISTS:
+        rows = catalogue(what)
+        w = max((len(n) for n, _ in rows), default=0)
+        print(f"{what}:\n" + "\n".join(f"  {n:<{w}}  {d}".rstrip() for n, d in rows))
+    return 0
+
 # %% ../nbs/10_cli.ipynb #d16389f8
 USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, ImageReadError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
 
@@ -84,19 +212,28 @@ def read_config_file(path) -> dict:
     if unknown: raise ConfigError(f"{p}: unknown field(s) {', '.join(unknown)}; see `dml-book train --help`")
     return values
 
+def dataset_defaults(cfg: TrainConfig, given: dict, preset: dict) -> TrainConfig:
+    "`cfg` with its dataset's own `batch_defaults` for the fields neither the user (`given`) nor the `preset` set."
+    own = getattr(DATASETS.get(cfg.dataset), "batch_defaults", {})
+    return replace(cfg, **{k: v for k, v in own.items() if k not in given and k not in preset})
+
 def train_command(args) -> int:
     "Run `dml-book train` with parsed `args`; print the results table."
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config") and not (k == "preset" and v is None)}
     given = {**(read_config_file(args.config) if args.config else {}), **flags}   # the flags win over the file
     if isinstance(given.get("ks"), list): given["ks"] = tuple(given["ks"])
     method, preset = given.pop("method", "baseline"), given.pop("preset", None)
-    cfg = preset_config(method, preset, **{"progress": True, "umap": True, **given})
+    cfg = preset_config(method, preset, **{**CLI_DEFAULTS, **given})
+    cfg = dataset_defaults(cfg, given, METHODS.get(method).presets.get(preset, {}) if preset else {})
     trainer = Trainer(cfg)
     final = trainer.fit()
     if not trainer.dist.is_main: return 0   # under torchrun, rank 0 reports
+    if cfg.umap and getattr(trainer, "last_embedding", None) is not None:   # the command line draws, not the trainer
+        from dml_book.viz import plot_umap   # slow to import (umap)
+        plot_umap(*trainer.last_embedding, title=f"{cfg.dataset} test split, epoch {trainer.epoch}").savefig(trainer.out/"umap.png", dpi=120)
     print(f"\n{cfg.method} / {trainer.method.own_loss or cfg.loss} on {cfg.dataset}, {cfg.epochs} epochs (unseen test classes):")
     print(results_table(trainer.history[0], final))
-    print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt" + (", umap.png" if cfg.umap else ""))
+    print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt, preprocessing.json" + (", umap.png" if cfg.umap else ""))
     return 0
 
 def experiment_command(args) -> int:
@@ -112,7 +249,9 @@ def experiment_command(args) -> int:
 def main(argv=None) -> int:
     "Entry point of the `dml-book` command."
     args = parser().parse_args(argv)
-    try: return {"train": train_command, "experiment": experiment_command}[args.command](args)
+    commands = {"train": train_command, "experiment": experiment_command, "evaluate": evaluate_command,
+                "embed": embed_command, "index": index_command, "search": search_command, "list": list_command}
+    try: return commands[args.command](args)
     except USER_ERRORS as e:
         sys.stderr.write(f"dml-book: error: {e}\n")   # one write: the ranks of a torchrun job do not interleave
         return 2

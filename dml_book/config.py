@@ -11,12 +11,11 @@ from dataclasses import fields
 import torch
 
 # %% auto #0
-__all__ = ['FIELD_CHECKS', 'ConfigError', 'positive_int', 'non_negative_int', 'non_negative_float', 'optional', 'is_str',
-           'is_bool', 'is_dict', 'recall_ks', 'check_fields', 'check_device', 'check_kwargs', 'check_config']
+__all__ = ['FIELD_CHECKS', 'positive_int', 'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict',
+           'recall_ks', 'check_fields', 'check_device', 'check_kwargs', 'check_config']
 
 # %% ../nbs/08d_config.ipynb #7ae02c2d
-class ConfigError(ValueError):
-    "A training configuration that cannot run."
+from .registry import ConfigError   # one class for every configuration error (the data layer raises it too)
 
 def _int(v): return isinstance(v, int) and not isinstance(v, bool)
 def _num(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -39,6 +38,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "embedding_dim": (positive_int, "a positive integer"),
     "head": (lambda v: v in ("linear", "identity"), "'linear' or 'identity'"),
     "last_stride": (lambda v: v in (1, 2) and _int(v), "1 or 2"),
+    "freeze_bn": (is_bool, "true or false"),
     "normalize": (is_bool, "true or false"),
     "pretrained": (is_bool, "true or false"),
     "weights_path": (optional(is_str), "a file path or None"),
@@ -54,6 +54,12 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "lr_backbone": (non_negative_float, "a finite, non-negative number"),
     "lr_head": (non_negative_float, "a finite, non-negative number"),
     "weight_decay": (non_negative_float, "a finite, non-negative number"),
+    "optimizer": (lambda v: v in ("auto", "adam", "sgd"), "auto, adam or sgd"),
+    "lr_schedule": (lambda v: v in ("constant", "step", "multistep", "exponential"), "constant, step, multistep or exponential"),
+    "lr_step_size": (positive_int, "a positive integer"),
+    "lr_milestones": (lambda v: isinstance(v, (tuple, list)) and all(positive_int(x) for x in v), "positive integers (scheduler steps)"),
+    "lr_gamma": (lambda v: _num(v) and math.isfinite(v) and v > 0, "a finite, positive factor"),
+    "lr_step_per": (lambda v: v in ("epoch", "iteration"), "epoch or iteration"),
     "max_steps_per_epoch": (optional(positive_int), "a positive integer or None"),
     "eval_every": (positive_int, "a positive integer"),
     "val_fraction": (lambda v: _num(v) and 0 <= v < 1, "a fraction in [0, 1)"),

@@ -268,11 +268,3 @@ def evaluate(embeddings,                       # (N, D) test embeddings (the que
         if "NMI" in metrics: out["NMI"] = nmi(ql, c)
         if "F1" in metrics: out["F1"] = pairwise_f1(ql, c)
     return out
-
-# %% ../nbs/06_metrics.ipynb #840673ee
-def __getattr__(name):
-    "Resolve `reid_evaluate` and `flip_averaged_features` from `dml_book.reid_metrics`."
-    if name in ("reid_evaluate", "flip_averaged_features"):
-        from dml_book import reid_metrics
-        return getattr(reid_metrics, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,13 +19,17 @@ __all__ = ['Miner', 'SemiHardMiner', 'BatchHardMiner', 'DistanceWeightedMiner', 
 # %% ../nbs/05_miners.ipynb #7bf79603
 class Miner:
     "Base of the miners: `miner(embeddings, labels) -> (a, p, n)`, computed without gradient."
+    def __init__(self, normalize: bool = True): # L2-normalise the embeddings before mining (as PML's distances do)
+        self.normalize = normalize
+
     def __call__(self, embeddings: Tensor, # (B, D) embeddings
                  labels: Tensor, # (B,) integer labels
                 ) -> tuple[Tensor, Tensor, Tensor]: # anchors, positives, negatives (1-d LongTensors)
         check_batch(embeddings, labels)
         from dml_book.losses.base import check_finite
         check_finite(embeddings)   # a NaN row would be mined like any other
-        with torch.no_grad(): return self.mine(embeddings.detach(), labels)
+        x = F.normalize(embeddings.detach(), dim=1) if self.normalize else embeddings.detach()  # the one place miners normalise
+        with torch.no_grad(): return self.mine(x, labels)
 
     def mine(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
@@ -36,7 +40,9 @@ class SemiHardMiner(Miner):
     "Triplets with `0 < d(a,n) - d(a,p) <= margin` (FaceNet eq. 4); optionally only the closest negative per pair."
     def __init__(self, margin: float = 0.2, # the band width alpha
                  closest_negative: bool = False, # FaceNet: one negative per (a, p), the closest in the band
-                 squared: bool = False): # band on squared distances (as a `TripletLoss(squared=True)` sees them)
+                 squared: bool = False, # band on squared distances (as a `TripletLoss(squared=True)` sees them)
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(normalize)
         self.margin, self.closest_negative, self.squared = margin, closest_negative, squared
 
     def mine(self, embeddings, labels):
@@ -69,7 +75,9 @@ class BatchHardMiner(Miner):
 class DistanceWeightedMiner(Miner):
     "One negative per positive pair, drawn with probability proportional to 1/q(d) (Wu et al. 2017, Sec. 4)."
     def __init__(self, cutoff: float = 0.5, # distances are clipped from below at this value
-                 nonzero_loss_cutoff: float = 1.4): # negatives at or beyond this distance are never drawn
+                 nonzero_loss_cutoff: float = 1.4, # negatives at or beyond this distance are never drawn
+                 normalize: bool = True): # q(d) lives on the unit sphere: the weights always use normalised embeddings
+        super().__init__(normalize)
         self.cutoff, self.nonzero_loss_cutoff = float(cutoff), float(nonzero_loss_cutoff)
 
     def probabilities(self, embeddings: Tensor, labels: Tensor) -> Tensor:

@@ -11,7 +11,7 @@ import torch, torch.nn as nn, torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['BACKBONES', 'EmbeddingHead', 'EmbeddingNet', 'SmallCNN', 'PretrainedWeightsUnavailable', 'torchvision_backbone',
-           'RepeatChannels', 'build_model']
+           'freeze_batchnorm', 'RepeatChannels', 'build_model']
 
 # %% ../nbs/07_models.ipynb #7d98494e
 class EmbeddingHead(nn.Module):
@@ -99,6 +99,20 @@ def torchvision_backbone(name: str, # a key of BACKBONES
     return model
 
 
+# %% ../nbs/07_models.ipynb #d4fa2b5c
+def freeze_batchnorm(module: nn.Module # a backbone whose `BatchNorm2d` layers are to be frozen
+                    ) -> nn.Module:
+    "`module` with every `BatchNorm2d` replaced by a `FrozenBatchNorm2d` holding its statistics and affine parameters."
+    from torchvision.ops.misc import FrozenBatchNorm2d
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            frozen = FrozenBatchNorm2d(child.num_features, eps=child.eps)
+            frozen.weight.copy_(child.weight.detach()); frozen.bias.copy_(child.bias.detach())
+            frozen.running_mean.copy_(child.running_mean); frozen.running_var.copy_(child.running_var)
+            setattr(module, name, frozen)
+        else: freeze_batchnorm(child)
+    return module
+
 # %% ../nbs/07_models.ipynb #34019ecb
 class RepeatChannels(nn.Module):
     "Repeat a single input channel `n` times."
@@ -112,14 +126,17 @@ def build_model(backbone: str = "smallcnn", # "smallcnn", "resnet18", "resnet50"
                 normalize: bool = True, # L2-normalise the embedding
                 in_channels: int = 1, # image channels (1 for the built-in data)
                 head: str = "linear", # "linear", or "identity": the backbone's features are the embedding
-                last_stride: int = 2) -> EmbeddingNet: # 1: no down-sampling in a ResNet's last stage
+                last_stride: int = 2, # 1: no down-sampling in a ResNet's last stage
+                freeze_bn: bool = False) -> EmbeddingNet: # backbone BatchNorm frozen: running statistics and affine parameters fixed
     "An `EmbeddingNet` with the named backbone and a linear (optionally normalised) head."
     if head not in ("linear", "identity"): raise ValueError(f"unknown head {head!r}; choose from: identity, linear")
     if backbone == "smallcnn":
         if last_stride != 2: raise ValueError("last_stride applies to ResNet backbones, not smallcnn")
+        if freeze_bn: raise ValueError("freeze_bn applies to pretrained torchvision backbones, not smallcnn")
         bb = SmallCNN(in_channels); dim = bb.feature_dim
     else:
         bb = torchvision_backbone(backbone, pretrained, weights_path, last_stride); dim = BACKBONES[backbone]
+        if freeze_bn: bb = freeze_batchnorm(bb)
         if in_channels == 1: bb = nn.Sequential(RepeatChannels(3), bb)
     return EmbeddingNet(bb, dim, embedding_dim, normalize, linear_head=head == "linear")
 

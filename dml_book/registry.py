@@ -10,7 +10,11 @@ from typing import Callable
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'UnknownNameError', 'Registry']
+__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'ConfigError', 'UnknownNameError', 'Registry']
+
+# %% ../nbs/00_registry.ipynb #1a2e7782
+class ConfigError(ValueError):
+    "A training configuration that cannot run."
 
 # %% ../nbs/00_registry.ipynb #6ff87b5b
 class UnknownNameError(ValueError):
@@ -24,9 +28,11 @@ class Registry:
     def register(self, name: str) -> Callable:
         "Decorator that files an object under `name`."
         def deco(obj):
-            old = self._items.setdefault(name, obj)
+            old = self._items.get(name, obj)
             if getattr(old, "__qualname__", None) != getattr(obj, "__qualname__", None):
                 raise ValueError(f"{self.kind} {name!r} is registered twice ({old!r} and {obj!r})")
+            in_notebook = lambda o: getattr(o, "__module__", None) == "__main__"
+            if not (in_notebook(old) and not in_notebook(obj)): self._items[name] = obj   # a chapter's (re)definition wins
             return obj
         return deco
 

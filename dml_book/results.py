@@ -13,7 +13,8 @@ import numpy as np, pandas as pd
 # %% auto #0
 __all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
            'reported', 'summarize', 'read_published', 'comparison_table', 'ExperimentError', 'experiments_dir',
-           'experiment_names', 'find_experiment', 'notebook_parameters', 'coerce_parameters', 'run_experiment']
+           'params_file', 'experiment_names', 'find_experiment', 'notebook_parameters', 'coerce_parameters',
+           'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
 def load_run(folder) -> dict:
@@ -140,12 +141,26 @@ class ExperimentError(ValueError):
     "An experiment that cannot run as asked."
 
 def experiments_dir() -> Path:
-    "`nbs/experiments` of this source tree (the current directory's, else the package's checkout)."
+    "`nbs/experiments` of a clone (the current directory's, else the package's own), else the copy installed with the package."
     bases = [Path.cwd(), *Path.cwd().parents]
     if "__file__" in globals(): bases.append(Path(__file__).resolve().parents[1])   # the package's checkout
     for base in bases:
         if (base/"nbs"/"experiments").is_dir(): return base/"nbs"/"experiments"
-    raise ExperimentError("no nbs/experiments folder here or above: run from a clone of the dml_book repository")
+    import dml_book
+    installed = Path(dml_book.__file__).resolve().parent/"_experiments"   # setup.py's build_py puts them there
+    if installed.is_dir(): return installed
+    raise ExperimentError("no nbs/experiments folder here or above, and none installed with dml_book: "
+                          "reinstall the package (pip install dml_book) or run from a clone")
+
+def params_file(path) -> Path:
+    "`path` if it exists, else the parameter file of that name shipped with the experiments (`params/NAME.yaml`)."
+    p = Path(path)
+    if p.is_file(): return p
+    exp = experiments_dir()
+    for folder in (exp.parents[1]/"params", exp/"params"):   # a clone's params/, the installed copy's
+        if (folder/p.name).is_file(): return folder/p.name
+    shipped = sorted(q.name for d in (exp.parents[1]/"params", exp/"params") if d.is_dir() for q in d.glob("*.yaml"))
+    raise ExperimentError(f"parameter file {path} does not exist; shipped ones: {', '.join(shipped) or 'none'}")
 
 def experiment_names() -> list[str]:
     "The experiment notebooks that exist."
@@ -197,7 +212,7 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
     path = find_experiment(name)
     declared = notebook_parameters(path, kernel)
     if "out_dir" not in declared: raise ExperimentError(f"{path} declares no out_dir parameter")
-    given = dict(yaml.safe_load(Path(param_file).read_text()) or {}) if param_file else {}
+    given = dict(yaml.safe_load(params_file(param_file).read_text()) or {}) if param_file else {}
     given.update(parameters or {})
     if out_dir is not None: given["out_dir"] = out_dir
     params = coerce_parameters(declared, given)

@@ -12,7 +12,8 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 # %% auto #0
-__all__ = ['class_index', 'draw', 'ddp_share', 'ClassBalancedBatchSampler', 'EpisodeSampler', 'TaskSampler']
+__all__ = ['class_index', 'draw', 'ddp_share', 'ClassBalancedBatchSampler', 'EpisodeSampler', 'TripletBatchSampler',
+           'TaskSampler']
 
 # %% ../nbs/02_samplers.ipynb #43d71352
 def class_index(labels) -> list[np.ndarray]:
@@ -104,13 +105,16 @@ class EpisodeSampler(_LabelSampler):
                  n_val: int = 20, # size of the validation subset (classes disjoint from the training subset)
                  m_per_class: int = 5, # images per class in both subsets (with replacement if a class has fewer)
                  episodes_per_epoch: int | None = None, # default: len(labels) // ((n_train + n_val) * world_size)
-                 seed: int = 0, rank: int | None = None, world_size: int | None = None):
+                 seed: int = 0, rank: int | None = None, world_size: int | None = None,
+                 disjoint: bool = True): # False: the validation classes are drawn from the training subset's (ALA's Table 1)
         super().__init__(labels, seed, rank, world_size)
         for name, n in (("n_train", n_train), ("n_val", n_val)):
             if m_per_class < 1 or n < m_per_class or n % m_per_class:
                 raise ValueError(f"{name} {n} must be a positive multiple of m_per_class {m_per_class}")
-        self.n_train, self.n_val, self.m_per_class = n_train, n_val, m_per_class
-        self._need((n_train + n_val) // m_per_class, f"an episode of {n_train}+{n_val} with m_per_class={m_per_class}")
+        if not disjoint and n_val > n_train: raise ValueError(f"a joint validation subset needs n_val <= n_train, got {n_val} > {n_train}")
+        self.n_train, self.n_val, self.m_per_class, self.disjoint = n_train, n_val, m_per_class, disjoint
+        n_classes = (n_train + n_val) // m_per_class if disjoint else n_train // m_per_class
+        self._need(n_classes, f"an episode of {n_train}+{n_val} with m_per_class={m_per_class}")
         self.episodes_per_epoch = episodes_per_epoch or max(1, self.n_items // ((n_train + n_val) * self.world_size))
 
     def __len__(self) -> int: return self.episodes_per_epoch
@@ -119,10 +123,35 @@ class EpisodeSampler(_LabelSampler):
 def _iter_episodes(self: EpisodeSampler):
     rng, m = self._rng(), self.m_per_class
     for e in range(len(self) * self.world_size):
-        classes = rng.choice(self.n_labels, (self.n_train + self.n_val) // m, replace=False)
+        if self.disjoint: classes = rng.choice(self.n_labels, (self.n_train + self.n_val) // m, replace=False)
+        else:
+            train = rng.choice(self.n_labels, self.n_train // m, replace=False)
+            classes = np.concatenate([train, rng.choice(train, self.n_val // m, replace=False)])   # validation among them
         episode = np.concatenate([draw(rng, self.groups[c], m) for c in classes])
         if e % self.world_size == self.rank: yield episode.tolist()
 EpisodeSampler.__iter__ = _iter_episodes
+
+# %% ../nbs/02_samplers.ipynb #623c678b
+class TripletBatchSampler(_LabelSampler):
+    "Batches of `n_triplets` (anchor, positive, negative) triples, each of two classes that no other triple of the batch uses."
+    def __init__(self, labels, # class label of every dataset item
+                 n_triplets: int = 40, # triplets per batch (the batch holds 3 x n_triplets images)
+                 batches_per_epoch: int | None = None, # default: len(labels) // (3 * n_triplets * world_size)
+                 seed: int = 0, rank: int | None = None, world_size: int | None = None):
+        super().__init__(labels, seed, rank, world_size)
+        if n_triplets < 1: raise ValueError(f"n_triplets must be >= 1, got {n_triplets}")
+        self.n_triplets = n_triplets
+        self._need(2 * n_triplets, f"a batch of {n_triplets} triplets")
+        self.batches_per_epoch = batches_per_epoch or max(1, self.n_items // (3 * n_triplets * self.world_size))
+
+    def __len__(self) -> int: return self.batches_per_epoch
+
+    def __iter__(self):
+        rng = self._rng()
+        for b in range(len(self) * self.world_size):
+            pairs = rng.choice(self.n_labels, 2 * self.n_triplets, replace=False).reshape(-1, 2)
+            batch = np.concatenate([np.concatenate([draw(rng, self.groups[c], 2), draw(rng, self.groups[d], 1)]) for c, d in pairs])
+            if b % self.world_size == self.rank: yield batch.tolist()
 
 # %% ../nbs/02_samplers.ipynb #6c37b696
 class TaskSampler(_LabelSampler):

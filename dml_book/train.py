@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
 from .registry import DATASETS, LOSSES, MINERS, METHODS
+from .data.core import LabelledSubset, build_split
 from .models import build_model
+from .methods.base import Method
 from .samplers import ClassBalancedBatchSampler
 from .checkpoint import write_checkpoint, read_checkpoint
 from .config import ConfigError, check_config
@@ -21,8 +23,8 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
                                   gather_shards, broadcast_object)
 
 # %% auto #0
-__all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'LabelledSubset', 'Trainer', 'to_json',
-           'lock_out', 'TrainingDiverged', 'environment', 'select_epoch', 'train']
+__all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler', 'Trainer',
+           'to_json', 'lock_out', 'TrainingDiverged', 'environment', 'select_epoch', 'train']
 
 # %% ../nbs/08_train.ipynb #e4dc60f9
 @dataclass
@@ -36,6 +38,7 @@ class TrainConfig:
     embedding_dim: int = 64          # size of the embedding
     head: str = "linear"             # linear: a layer from the features to the embedding; identity: the features are the embedding
     last_stride: int = 2             # 1: no down-sampling in a ResNet's last stage (re-identification, DMML)
+    freeze_bn: bool = False          # freeze the backbone's BatchNorm: statistics and affine parameters stay as loaded
     normalize: bool = True           # L2-normalise embeddings
     pretrained: bool = False         # ImageNet weights for torchvision backbones
     weights_path: str | None = None  # local backbone weights instead of a download
@@ -50,7 +53,13 @@ class TrainConfig:
     m_per_class: int = 4             # images per class in a class-balanced batch
     lr_backbone: float = 1e-3        # learning rate of the backbone
     lr_head: float = 1e-3            # learning rate of the head, the loss's and the method's parameters
-    weight_decay: float = 1e-4       # Adam's weight decay
+    weight_decay: float = 1e-4       # the optimiser's weight decay
+    optimizer: str = "auto"          # adam or sgd; auto: the method's own choice (ALA: sgd, its eqs. 10 and 13), else adam
+    lr_schedule: str = "constant"    # constant, step, multistep or exponential (torch.optim.lr_scheduler) on the main optimiser
+    lr_step_size: int = 1            # step: decay every this many scheduler steps
+    lr_milestones: tuple = ()        # multistep: the scheduler steps at which to decay
+    lr_gamma: float = 0.1            # step, multistep, exponential: factor applied at each decay
+    lr_step_per: str = "epoch"       # step the schedule once per "epoch" or per "iteration"
     max_steps_per_epoch: int | None = None  # cap on iterations per epoch (None: the sampler's epoch length)
     eval_every: int = 1              # evaluate on the test split every this many epochs (and after the last)
     val_fraction: float = 0.0        # share of the training classes held out (label-disjoint) to select the epoch; 0: none
@@ -86,52 +95,46 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
     if device != "auto": return torch.device(device)
     return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
 
-# %% ../nbs/08_train.ipynb #37550004
-class LabelledSubset(torch.utils.data.Dataset):
-    "Items `indices` of `dataset`, keeping the dataset interface (`.labels`, `.class_names`); `relabel` makes ids contiguous."
-    def __init__(self, dataset, indices, relabel: bool = False):
-        self.dataset, self.indices = dataset, np.asarray(indices, dtype=np.int64)
-        labels = np.asarray(dataset.labels)[self.indices]
-        classes = np.unique(labels) if relabel else np.arange(len(dataset.class_names))
-        self._map = {int(c): i for i, c in enumerate(classes)}
-        self.labels = np.asarray([self._map[int(c)] for c in labels], dtype=np.int64)
-        self.class_names = [dataset.class_names[c] for c in classes]
-        self.protocol = getattr(dataset, "protocol", "retrieval")
-    def __len__(self): return len(self.indices)
-    def __getitem__(self, i):
-        x, y = self.dataset[int(self.indices[i])]
-        return x, self._map[int(y)]
-
 # %% ../nbs/08_train.ipynb #4b641726
+def build_optimizer(cfg: TrainConfig, groups: list[dict], method=None) -> torch.optim.Optimizer:
+    "The run's optimiser over `groups`: `cfg.optimizer`, or for `auto` the method's `optimizer_name` (else Adam)."
+    name = cfg.optimizer if cfg.optimizer != "auto" else getattr(method, "optimizer_name", "adam")
+    if name == "adam": return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
+    if name == "sgd": return torch.optim.SGD(groups, lr=cfg.lr_head, weight_decay=cfg.weight_decay)
+    raise ConfigError(f"unknown optimizer {name!r}; choose from: adam, auto, sgd")
+
 def _load_registries():
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
 
-def _build_split(cfg, split: str, train: bool):
-    cls = DATASETS.get(cfg.dataset)
-    accepted = [p for p in inspect.signature(cls).parameters if p not in ("root", "split", "transform")]
-    if set(cfg.dataset_kwargs) - set(accepted):
-        raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
-                          f"it accepts: {', '.join(accepted) or 'none'}")
-    transform = cls.default_transform(train)
-    if cfg.transform is not None:
-        if transform is None: raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
-        from dml_book.data.transforms import get_transform
-        transform = get_transform(cfg.transform, train)
-    return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
+_SCHEDULES = ("constant", "step", "multistep", "exponential")
+
+def build_scheduler(optimizer, cfg: TrainConfig):
+    "The learning-rate schedule `cfg` names over `optimizer` (None for a constant rate)."
+    if cfg.lr_schedule not in _SCHEDULES: raise ConfigError(f"unknown lr_schedule {cfg.lr_schedule!r}; choose from: {', '.join(_SCHEDULES)}")
+    if cfg.lr_step_per not in ("epoch", "iteration"): raise ConfigError(f"lr_step_per must be 'epoch' or 'iteration', not {cfg.lr_step_per!r}")
+    S = torch.optim.lr_scheduler
+    if cfg.lr_schedule == "step": return S.StepLR(optimizer, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
+    if cfg.lr_schedule == "multistep": return S.MultiStepLR(optimizer, milestones=list(cfg.lr_milestones), gamma=cfg.lr_gamma)
+    if cfg.lr_schedule == "exponential": return S.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
+    return None
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
-    def __init__(self, cfg: TrainConfig | None = None, **overrides):
+    def __init__(self, cfg: TrainConfig | None = None, # the run; None: `TrainConfig()`
+                 method: Method | str | None = None, # a `Method` object to train (e.g. a chapter's own class), or a registered name
+                 **overrides): # `TrainConfig` fields that replace those of `cfg`
+        if isinstance(method, str): overrides["method"], method = method, None
         self.cfg = cfg = replace(cfg or TrainConfig(), **overrides)
         check_config(cfg)   # the validation boundary: nothing is loaded before it passes
         _load_registries(); seed_everything(cfg.seed)
         self.dist = init_distributed()  # under torchrun: rank, world size (see `dml_book.distributed`)
         self.device, self.out = resolve_device(cfg.device, self.dist.local_rank), Path(cfg.out)
-        self.method = METHODS.get(cfg.method)(**cfg.method_kwargs)
+        self.method = method if method is not None else METHODS.get(cfg.method)(**cfg.method_kwargs)
         self._build_data(); self._build_model()
         self.method.setup(self)
         self.model.to(self.device); self.method.to(self.device)
-        self.optimizer = torch.optim.Adam(self.param_groups(), weight_decay=cfg.weight_decay)
+        self.optimizer = build_optimizer(cfg, self.param_groups(), self.method)
+        self.scheduler = build_scheduler(self.optimizer, cfg)
         if self.dist.enabled: self._synchronise()
         self._build_sampler()
         self.epoch, self.step, self.history = 0, 0, []
@@ -143,10 +146,10 @@ from fastcore.basics import patch
 def _build_data(self: Trainer):
     cfg = self.cfg
     self.protocol = DATASETS.get(cfg.dataset).protocol
-    self.train_ds, self.val_ds = _build_split(cfg, "train", True), None
+    self.train_ds, self.val_ds = build_split(cfg, "train", True), None
     if cfg.val_fraction: self._hold_out_validation()
-    if self.protocol == "reid": self.query_ds, self.gallery_ds = (_build_split(cfg, s, False) for s in ("query", "gallery"))
-    else: self.test_ds = _build_split(cfg, "test", False)
+    if self.protocol == "reid": self.query_ds, self.gallery_ds = (build_split(cfg, s, False) for s in ("query", "gallery"))
+    else: self.test_ds = build_split(cfg, "test", False)
     gallery = len(self.gallery_ds) if self.protocol == "reid" else len(self.test_ds) - 1   # a query is not its own neighbour
     if max(cfg.ks) > gallery: raise ConfigError(f"ks={tuple(cfg.ks)}: Recall@{max(cfg.ks)} needs a gallery of at least {max(cfg.ks)} items; this one has {gallery}")
 
@@ -155,14 +158,15 @@ def _build_model(self: Trainer):
     cfg = self.cfg
     self.model = build_model(cfg.backbone, cfg.embedding_dim, cfg.pretrained, cfg.weights_path, cfg.normalize,
                              in_channels=self.train_ds[0][0].shape[0], head=cfg.head,
-                             last_stride=cfg.last_stride)
+                             last_stride=cfg.last_stride, freeze_bn=cfg.freeze_bn)
     if self.method.own_loss: return self._use_method_loss()
     loss_cls, kw = LOSSES.get(cfg.loss), dict(cfg.loss_kwargs)
     if getattr(loss_cls, "uses_proxies", False):
         kw.setdefault("num_classes", len(self.train_ds.class_names)); kw.setdefault("embedding_size", cfg.embedding_dim)
     if kw.get("per_class"): kw.setdefault("num_classes", len(self.train_ds.class_names))   # e.g. one margin beta per class
-    self.loss_fn = loss_cls(**kw).to(self.device)
-    self.miner = MINERS.get(cfg.miner)(**cfg.miner_kwargs) if cfg.miner else None
+    # the head already applied cfg.normalize: loss and miner measure what the model (or a method's synthesis) gives them
+    self.loss_fn = loss_cls(**{"normalize": False, **kw}).to(self.device)
+    self.miner = MINERS.get(cfg.miner)(**{"normalize": False, **cfg.miner_kwargs}) if cfg.miner else None
 
 @patch
 def _use_method_loss(self: Trainer):
@@ -193,7 +197,7 @@ def _synchronise(self: Trainer):
     "Under torchrun: start from rank 0's state; every optimiser (the method's too) averages gradients before stepping."
     if self.device.type == "cuda": self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)  # global BN statistics
     for m in (self.model, self.loss_fn, self.method): broadcast_state(m)
-    for opt in [self.optimizer, *(v for v in vars(self.method).values() if isinstance(v, torch.optim.Optimizer))]:
+    for opt in [self.optimizer, *self.method.optimizers()]:
         sync_optimizer(opt)
 
 @patch
@@ -207,7 +211,10 @@ def _build_sampler(self: Trainer):
     try:
         self.sampler = self.method.batch_sampler(self) or ClassBalancedBatchSampler(
             self.train_ds.labels, cfg.batch_size, cfg.m_per_class, seed=cfg.seed)
-    except ValueError as e: raise ConfigError(f"batch configuration cannot be filled: {e}") from e
+    except ValueError as e:
+        n = len(np.unique(self.train_ds.labels))
+        raise ConfigError(f"batch configuration cannot be filled: {e}; set --batch-size and --m-per-class "
+                          f"(batch_size / m_per_class classes per batch, at most {n})") from e
     self.loader = torch.utils.data.DataLoader(self.train_ds, batch_sampler=self.sampler, num_workers=cfg.num_workers)
 
 # %% ../nbs/08_train.ipynb #c70de671
@@ -220,7 +227,7 @@ def _hold_out_validation(self: Trainer):
     if not 0 < cfg.val_fraction < 1 or len(classes) - n_val < 2:
         raise ConfigError(f"val_fraction={cfg.val_fraction} leaves fewer than 2 of {len(classes)} classes on one side")
     is_val = np.isin(labels, classes[:n_val])
-    self.val_ds = LabelledSubset(_build_split(cfg, "train", False), np.flatnonzero(is_val), relabel=True)
+    self.val_ds = LabelledSubset(build_split(cfg, "train", False), np.flatnonzero(is_val), relabel=True)
     self.train_ds = LabelledSubset(self.train_ds, np.flatnonzero(~is_val), relabel=True)
 
 # %% ../nbs/08_train.ipynb #6c6f9eee
@@ -248,7 +255,8 @@ def faiss_gpus(self: Trainer):
 @patch
 def evaluate(self: Trainer) -> dict:
     "Test metrics of the current model (computed by rank 0 and shared under torchrun)."
-    from dml_book.metrics import evaluate, reid_evaluate
+    from dml_book.metrics import evaluate
+    from dml_book.reid_metrics import reid_evaluate
     if self.protocol == "reid":
         (q, _), (g, _) = self.embed_dataset(self.query_ds), self.embed_dataset(self.gallery_ds)
         res = reid_evaluate(q, self.query_ds.pids, self.query_ds.camids, g, self.gallery_ds.pids, self.gallery_ds.camids) \
@@ -293,7 +301,8 @@ def save_checkpoint(self: Trainer):
     if not self.dist.is_main: return
     state = dict(epoch=self.epoch, step=self.step, history=self.history, config=asdict(self.cfg),
                  model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-                 loss=self.loss_fn.state_dict(), method=self.method.state_dict())
+                 loss=self.loss_fn.state_dict(), method=self.method.state_dict(),
+                 scheduler=self.scheduler.state_dict() if self.scheduler else None)
     write_checkpoint(state, self.out/"checkpoint.pt")
 
 # %% ../nbs/08_train.ipynb #56be333c
@@ -309,6 +318,7 @@ def load_checkpoint(self: Trainer, path):
                                f"choose another output folder")
     self.model.load_state_dict(state["model"]); self.optimizer.load_state_dict(state["optimizer"])
     self.loss_fn.load_state_dict(state["loss"]); self.method.load_state_dict(state["method"])
+    if self.scheduler: self.scheduler.load_state_dict(state["scheduler"])
     self.epoch, self.step, self.history = state["epoch"], state["step"], state["history"]
     if self.dist.is_main: (self.out/"log.jsonl").write_text("".join(to_json(r) + "\n" for r in self.history))
 
@@ -319,6 +329,12 @@ def _prepare_out(out: Path):
         out.mkdir(parents=True, exist_ok=True)
         probe = out/".write-test"; probe.write_text(""); probe.unlink()
     except OSError as e: raise ConfigError(f"output folder {out} is not writable ({e.strerror or e})") from None
+
+def _record_preprocessing(self: Trainer):
+    "Write `preprocessing.json`: how `dml_book.inference.load_run` will read images for this run's network."
+    if (self.out/"preprocessing.json").exists(): return
+    from dml_book.inference import preprocessing_spec
+    (self.out/"preprocessing.json").write_text(json.dumps(preprocessing_spec(self.cfg, self.train_ds[0][0])))
 
 def lock_out(out: Path):
     "Hold an OS lock on `out/.lock` (released when the process dies); a folder in use is a `ConfigError` naming the holder."
@@ -335,7 +351,7 @@ def lock_out(out: Path):
 def fit(self: Trainer) -> dict:
     "Train (resuming from `out/checkpoint.pt` if present), evaluate, and write `metrics.json`; returns the final metrics."
     cfg = self.cfg
-    if self.dist.is_main: _prepare_out(self.out)
+    if self.dist.is_main: _prepare_out(self.out); _record_preprocessing(self)
     lock = lock_out(self.out) if self.dist.is_main else None   # rank 0 holds the folder until the run ends
     try:
         if self.dist.enabled: torch.distributed.barrier()
@@ -385,9 +401,11 @@ def run_epoch(self: Trainer) -> dict:
         try: logs = self.method.training_step(self, x.to(self.device), y.to(self.device)); self.step += 1
         except NonFiniteError as err: raise self.diverged(e, self.step + 1, losses, str(err)) from None
         self.check_step_finite(e, logs, losses)
+        if self.scheduler and cfg.lr_step_per == "iteration": self.scheduler.step()
         if "loss" in logs: losses.append(logs["loss"])
         if self.step % cfg.log_every == 0: self.log({"epoch": e, "step": self.step, "kind": "step", **logs})
-    rec = {"train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
+    if self.scheduler and cfg.lr_step_per == "epoch": self.scheduler.step()
+    rec = {"lr": [g["lr"] for g in self.optimizer.param_groups], "train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
            **self.method.end_epoch(self, e)}
     if e % cfg.eval_every == 0 or e == cfg.epochs: rec.update(self.evaluate()); rec.update(self.validate())
     return rec
@@ -422,7 +440,7 @@ def keep_if_best(self: Trainer):
 
 @patch
 def write_metrics(self: Trainer):
-    "Write `metrics.json` (and `umap.png` when `cfg.umap`)."
+    "Write `metrics.json`; the final test embedding stays in `last_embedding` for a caller to draw."
     epochs = [r for r in self.history if r.get("kind") == "epoch"]
     evaluated = [r for r in epochs if "R@1" in r or "mAP" in r]
     self.final_metrics = _metrics(evaluated[-1])
@@ -432,9 +450,7 @@ def write_metrics(self: Trainer):
     if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
         summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
     (self.out/"metrics.json").write_text(to_json(summary, indent=1))
-    if self.cfg.umap and getattr(self, "last_embedding", None) is not None:
-        from dml_book.viz import plot_umap
-        plot_umap(*self.last_embedding, title=f"{self.cfg.dataset} test split, epoch {self.epoch}").savefig(self.out/"umap.png", dpi=120)
+
 
 # %% ../nbs/08_train.ipynb #dbd5e93e
 def train(cfg: TrainConfig | None = None, **overrides) -> dict:

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 # %% auto #0
-__all__ = ['history_frame', 'plot_learning_curves', 'plot_umap', 'plot_retrieval_gallery', 'plot_comparison']
+__all__ = ['history_frame', 'plot_learning_curves', 'plot_umap', 'plot_neighbours', 'plot_retrieval_gallery', 'plot_comparison']
 
 # %% ../nbs/09_viz.ipynb #3276e16c
 def history_frame(runs: dict[str, list[dict]]) -> pd.DataFrame:
@@ -50,10 +50,33 @@ def _show(ax, img, colour=None):
     img = img.detach().cpu().float() if torch.is_tensor(img) else torch.as_tensor(img).float()
     img = img.permute(1, 2, 0) if img.ndim == 3 else img
     img = (img - img.min()) / (img.max() - img.min() + 1e-12)
-    ax.imshow(img.squeeze(-1) if img.ndim == 3 and img.shape[-1] == 1 else img, cmap="gray")
+    ax.imshow((img.squeeze(-1) if img.ndim == 3 and img.shape[-1] == 1 else img).numpy(), cmap="gray")
     ax.set(xticks=[], yticks=[])
     for s in ax.spines.values(): s.set(visible=colour is not None, color=colour or "k", linewidth=3)
 
+
+# %% ../nbs/09_viz.ipynb #a11ecf34
+def plot_neighbours(queries, # query images, each (C, H, W) or (H, W)
+                    neighbours, # per query, the images of its neighbours, nearest first
+                    frames=None, # per query, a frame colour (or None) for each neighbour
+                    row_labels=None, # a label for each query's row
+                    captions=None): # per query, a caption for each neighbour (e.g. its distance)
+    "Each query (left column) followed by its neighbours, optionally framed and captioned."
+    k = max((len(n) for n in neighbours), default=0)
+    fig, axes = plt.subplots(len(queries), k + 1, figsize=(1.3 * (k + 1), 1.3 * len(queries)), squeeze=False)
+    for r, (row, q, ns) in enumerate(zip(axes, queries, neighbours)):
+        _show(row[0], q)
+        if row_labels is not None: row[0].set_ylabel(str(row_labels[r])[:12], fontsize=8)
+        for c, ax in enumerate(row[1:]):
+            if c >= len(ns): ax.axis("off"); continue
+            _show(ax, ns[c], frames[r][c] if frames is not None else None)
+            if captions is not None: ax.set_xlabel(captions[r][c], fontsize=7)
+    axes[0, 0].set_title("query", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# %% ../nbs/09_viz.ipynb #dbea5f12
 def plot_retrieval_gallery(dataset, embeddings, n_queries: int = 5, k: int = 5, seed: int = 0, distance: str = "euclidean"):
     "Queries (left column) and their `k` nearest neighbours, framed green when the label matches, red when not."
     from dml_book.metrics import knn
@@ -62,14 +85,11 @@ def plot_retrieval_gallery(dataset, embeddings, n_queries: int = 5, k: int = 5, 
     queries = np.random.default_rng(seed).choice(len(labels), n_queries, replace=False)
     emb = np.asarray(embeddings, dtype=np.float32)
     _, idx = knn(emb[queries], k + 1, emb, distance=distance)   # one more: the query finds itself
-    fig, axes = plt.subplots(n_queries, k + 1, figsize=(1.3 * (k + 1), 1.3 * n_queries), squeeze=False)
-    for row, q, found in zip(axes, queries, idx):
-        _show(row[0], dataset[q][0]); row[0].set_ylabel(str(dataset.class_names[labels[q]])[:12], fontsize=8)
-        neighbours = [j for j in found if j != q][:k]
-        for ax, j in zip(row[1:], neighbours): _show(ax, dataset[j][0], "tab:green" if labels[j] == labels[q] else "tab:red")
-    axes[0, 0].set_title("query", fontsize=8)
-    fig.tight_layout()
-    return fig
+    rows = [[j for j in found if j != q][:k] for q, found in zip(queries, idx)]
+    return plot_neighbours([dataset[q][0] for q in queries], [[dataset[j][0] for j in r] for r in rows],
+                           frames=[["tab:green" if labels[j] == labels[q] else "tab:red" for j in r] for q, r in zip(queries, rows)],
+                           row_labels=[dataset.class_names[labels[q]] for q in queries])
+
 
 # %% ../nbs/09_viz.ipynb #fa47b577
 def plot_comparison(runs: pd.DataFrame, # tidy runs (`dml_book.results.runs_frame`): variant, stage, metric, value

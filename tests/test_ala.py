@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from dml_book.distances import all_triplets
 from dml_book.losses import ContrastiveLoss, MarginLoss, TripletLoss
-from dml_book.methods.ala import ALA, Assessor, meta_objective, tuple_embeddings
+from dml_book.methods.ala import ALA, Assessor, meta_objective, tuple_embeddings, weighted_sum
 from dml_book.models import EmbeddingNet
 from dml_book.registry import METHODS
 
@@ -62,14 +62,15 @@ def _trainer(backbone=None, loss_fn=None, miner=None, seed=0):
     torch.manual_seed(seed)
     backbone = backbone or nn.Sequential(nn.Flatten(), nn.Linear(16, 10), nn.ReLU())
     model = EmbeddingNet(backbone, 10, 4)
-    cfg = SimpleNamespace(lr_backbone=1e-3, lr_head=1e-2, m_per_class=2, seed=0)
+    cfg = SimpleNamespace(lr_backbone=1e-3, lr_head=1e-2, m_per_class=2, seed=0, optimizer="auto")
     return SimpleNamespace(cfg=cfg, device=torch.device("cpu"), model=model, loss_fn=loss_fn or TripletLoss(margin=0.5),
                            miner=miner, optimizer=None, train_ds=None)
 
 
 def _optimizer(model, cfg):
-    return torch.optim.Adam([{"params": model.backbone.parameters(), "lr": cfg.lr_backbone},
-                             {"params": model.head.parameters(), "lr": cfg.lr_head}])
+    "What the trainer builds for ALA: SGD (its optimizer_name), one group per part."
+    return torch.optim.SGD([{"params": model.backbone.parameters(), "lr": cfg.lr_backbone},
+                            {"params": model.head.parameters(), "lr": cfg.lr_head}], lr=cfg.lr_head)
 
 
 def _setup(tr, **kw):
@@ -103,7 +104,7 @@ def test_iteration_is_one_plain_step_with_the_updated_assessor(step, loss):
     t = replay._tuples(tr, emb, y[:8])
     with torch.no_grad(): w, _ = method.assessor(tuple_embeddings(emb, t), state0)
     opt = _optimizer(model0, tr.cfg); opt.load_state_dict(opt_state0)
-    opt.zero_grad(); loss0(emb, y[:8], t, weights=w).backward(); opt.step()
+    opt.zero_grad(); weighted_sum(loss0, emb, y[:8], t, w).backward(); opt.step()
     for (name, p), p0 in zip(tr.model.named_parameters(), model0.parameters()):
         torch.testing.assert_close(p, p0, rtol=1e-6, atol=1e-7, msg=name)
     assert out["tuples"] == len(w) and out["weight_mean"] == pytest.approx(w.mean().item(), rel=1e-6)
@@ -117,10 +118,12 @@ def test_iteration_is_one_plain_step_with_the_updated_assessor(step, loss):
     assert all(not s.requires_grad for s in method.state)
 
 
-def test_all_step_leaves_batchnorm_statistics_to_the_real_forward():
+@pytest.mark.parametrize("step", ["head", "all"])
+def test_batchnorm_statistics_see_only_the_real_forward(step):
+    "Neither the look-ahead nor the validation subset moves the running statistics (with step='head' they once did)."
     bb = nn.Sequential(nn.Flatten(), nn.Linear(16, 10), nn.BatchNorm1d(10), nn.ReLU())
     tr = _trainer(backbone=bb)
-    method = _setup(tr, step="all")
+    method = _setup(tr, step=step)
     x, y = _episode()
     ref = copy.deepcopy(tr.model.backbone)
     ref(x[:8])                                      # the one forward of the original metric on the training subset
@@ -200,3 +203,47 @@ def test_trainer_resume_equals_uninterrupted(tmp_path, one_thread):
     ea, eb = a["method"]["_extra_state"], b["method"]["_extra_state"]
     torch.testing.assert_close(ea["state"], eb["state"], rtol=0, atol=0)
     assert torch.equal(ea["generator"], eb["generator"])
+
+
+def _weights_on(method, tuples):
+    with torch.no_grad(): return method.assessor(tuples, method.state)[0]
+
+
+@pytest.mark.parametrize("lr_head,loss", [(1e-2, TripletLoss(margin=0.5)), (1e-3, TripletLoss(margin=0.2, squared=True))])
+def test_the_meta_gradient_is_far_above_adams_eps(lr_head, loss):
+    """With gradients far above eps, Adam's first step moves every parameter by its full learning rate; with the
+    vanishing meta-gradient (1e-12, below eps = 1e-8) it moved them by a ten-thousandth of it. At the chapter's scale
+    and at the paper-triplet preset's (lr 1e-3 for the head, eq. 4's squared distances)."""
+    tr = _trainer(loss_fn=loss); tr.cfg.lr_head = lr_head
+    method = ALA(n_train=8, n_val=4, meta_steps=1, max_tuples=20, hidden_size=8); method.setup(tr)
+    tr.method, tr.optimizer = method, _optimizer(tr.model, tr.cfg)
+    before = [p.detach().clone() for p in method.assessor.parameters()]
+    method.training_step(tr, *_episode(seed=3))
+    moved = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(method.assessor.parameters(), before)])
+    assert moved.median() > 0.5 * method.assessor_lr, moved.median()
+    grads = torch.cat([st["exp_avg_sq"].sqrt().flatten() / 0.0316 for st in method.assessor_opt.state.values()])  # |g| of step 1
+    assert grads.median() > 1e3 * method.assessor_opt.param_groups[0]["eps"]
+
+
+def test_the_baseline_takes_the_same_episode_and_tuples_unweighted():
+    "assess=False: the same tuples as ALA (same generator), every weight 1, one plain step on their sum."
+    tr = _trainer(); method = _setup(tr, assess=False)
+    x, y = _episode()
+    model0, gen0 = copy.deepcopy(tr.model), method.generator.get_state()
+    out = method.training_step(tr, x, y)
+    replay = ALA(n_train=8, n_val=4, max_tuples=20); replay.arity = 3; replay.generator.set_state(gen0)
+    emb = model0(x[:8]); t = replay._tuples(tr, emb, y[:8])
+    opt = _optimizer(model0, tr.cfg); opt.zero_grad(); weighted_sum(TripletLoss(margin=0.5), emb, y[:8], t).backward(); opt.step()
+    for p, p0 in zip(tr.model.parameters(), model0.parameters()): torch.testing.assert_close(p, p0, rtol=1e-5, atol=1e-6)
+    assert out["tuples"] == len(t[0]) and "weight_mean" not in out
+
+
+def test_adam_is_refused_and_the_paper_presets_follow_the_paper():
+    tr = _trainer(); tr.cfg.optimizer = "adam"
+    with pytest.raises(ValueError, match="use sgd"): _setup(tr)
+    from dml_book.train import preset_config
+    cfg = preset_config("ala", "paper-triplet")
+    assert cfg.loss_kwargs == {"squared": True}                            # eq. (4): squared distances
+    assert (cfg.lr_backbone, cfg.lr_head, cfg.method_kwargs["assessor_lr"]) == (1e-4, 1e-3, 4e-4)   # Sec. 4.2
+    assert (cfg.embedding_dim, cfg.backbone, cfg.transform, cfg.optimizer) == (512, "googlenet", "retrieval227", "sgd")
+    assert (cfg.method_kwargs["n_train"], cfg.method_kwargs["n_val"], cfg.method_kwargs["meta_steps"]) == (100, 20, 3)

@@ -92,7 +92,7 @@ def pads_policy_steps(rank: int, out: str):
     start = params_of(tr)
     logs = [m.training_step(tr, *next(batches)) for _ in range(3)]
     torch.save(dict(logs=logs, params=params_of(tr), start=start, trajectory=m.trajectory, s_prev=m.s_prev,
-                    hooked=any(isinstance(v, torch.optim.Optimizer) and v is m.learner.optimizer for v in vars(m).values())),
+                    hooked=any(o is m.learner.optimizer for o in m.optimizers())),
                f"{out}/policy-{rank}.pt")
 
 

@@ -237,7 +237,7 @@ def test_reid_end_to_end_on_replicas(tmp_path, dataset, writer):
     "DMML on a generated re-id archive; the trainer reports reid_evaluate of flip-averaged normalised features."
     from dml_book.data import replicas
     from dml_book.data.transforms import reid_transform
-    from dml_book.metrics import flip_averaged_features, reid_evaluate
+    from dml_book.reid_metrics import flip_averaged_features, reid_evaluate
     from dml_book.train import TrainConfig, Trainer
     getattr(replicas, writer)(tmp_path/"data", train_ids=range(2, 10), test_ids=(11, 12, 13, 14), n_cams=3, per_cam=2)
     cfg = TrainConfig(dataset=dataset, data_root=str(tmp_path/"data"), method="dmml", epochs=1, seed=0,

@@ -1,5 +1,6 @@
 "HDML (Zheng et al., CVPR 2019): augmentation formula, schedules, gradient routing, ablations, a short run, resume."
 import copy, json, math
+import numpy as np
 import pytest
 import torch
 from dml_book.losses import NPairLoss
@@ -81,7 +82,7 @@ def test_synthesis_and_npair_loss():
     off = i != j
     for reg in (0., 0.05):
         torch.testing.assert_close(grouped_npair_loss(emb, pa[i[off]], pp[i[off]], pp[j[off]], reg),
-                                   NPairLoss(l2_reg=reg)(emb, lab))
+                                   NPairLoss(l2_reg=reg, normalize=False)(emb, lab))
     z_in, l_in, (a, p, n) = npair_synthesis(emb, lab, (pa, pp), 0.5)
     assert len(z_in) == 8 + 64 and len(a) == 8 * 7
     torch.testing.assert_close(z_in[p], emb[pp][a])                     # the diagonal keeps the positives
@@ -187,13 +188,36 @@ def test_resume_is_identical(tmp_path):
 def test_paper_presets_take_a_step(tmp_path):
     "The paper presets (loss reductions, unnormalised head, ablations) run, here on a small CNN and the built-in digits."
     from dml_book.train import preset_config
-    for name in ("paper_triplet", "paper_npair", "paper_npair_no_softmax", "paper_triplet_no_recon", "paper_triplet_alpha0"):
-        m = HDML.presets[name]["m_per_class"]
-        cfg = preset_config("hdml", name, dataset="digits", backbone="smallcnn", pretrained=False, batch_size=5 * m,
-                            out=str(tmp_path / name))
+    for name in ("paper_triplet", "paper_npair", "paper_npair_no_softmax", "paper_triplet_no_recon", "paper_triplet_alpha0",
+                 "paper_triplet_baseline"):
+        triplets = HDML.presets[name]["method_kwargs"].get("triplet_batches", False)
+        batch = 6 if triplets else 5 * HDML.presets[name]["m_per_class"]   # triplet batches: 2 triplets over 4 of 5 classes
+        cfg = preset_config("hdml", name, dataset="digits", backbone="smallcnn", pretrained=False, batch_size=batch,
+                            transform=None, embedding_dim=64, out=str(tmp_path / name))
         tr = Trainer(cfg)
         assert tr.method.beta == 1e4 and tr.method.pulling_factor == {"triplet": 0. if "alpha0" in name else 7., "npair": 90.}[cfg.loss]
         x, y = next(iter(tr.loader))
         logs = tr.method.training_step(tr, x, y)
         assert all(math.isfinite(v) for v in logs.values()), name
-        if tr.method.softmax: assert logs["j_gen"] > 1e3     # the official J_gen scale that beta = 1e4 is meant for
+        if tr.method.softmax and tr.method.recon and tr.method.synthesize:   # eq. (9) with the paper's lambda = 0.5
+            assert logs["j_gen"] == pytest.approx(logs["j_recon"] + 0.5 * logs["j_soft"], rel=1e-5)
+        if triplets: assert tr.method.tuples(tr, tr.model(x), y, 1.0)[0][0].tolist() == [0, 3]   # the batch's 2 triplets
+
+
+def test_triplet_batches_give_the_official_40_triplets_and_the_baseline_shares_them(tmp_path):
+    "paper_triplet: a batch of 120 is 40 triplets over 80 classes; J(T) sums over exactly those; the baseline uses the same."
+    from dml_book.samplers import TripletBatchSampler
+    labels = np.repeat(np.arange(100), 6)
+    batch = np.asarray(next(iter(TripletBatchSampler(labels, 40))))
+    t = labels[batch].reshape(40, 3)
+    assert len(set(t[:, [0, 2]].ravel())) == 80 and (t[:, 0] == t[:, 1]).all()
+    from dml_book.train import preset_config
+    cfg = preset_config("hdml", "paper_triplet_baseline", dataset="digits", backbone="smallcnn", pretrained=False,
+                        batch_size=6, transform=None, embedding_dim=64, out=str(tmp_path))
+    tr = Trainer(cfg)
+    x, y = next(iter(tr.loader))
+    z = tr.model(x)
+    real = tr.method.tuples(tr, z, y, 1.0)[0]
+    o = tr.method.objectives(tr, x, y)
+    want = sum(max(0., float(((z[a] - z[p]) ** 2).sum() - ((z[a] - z[n]) ** 2).sum() + 1.0)) for a, p, n in zip(*real))
+    assert o["j_metric"].item() == pytest.approx(want, rel=1e-5) and set(o) == {"lam", "weight", "j_real", "j_metric"}

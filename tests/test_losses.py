@@ -264,3 +264,90 @@ def test_no_valid_tuple_gives_exact_zero():
     empty = (torch.zeros(0, dtype=torch.long),) * 3
     v = TripletLoss()(x, torch.tensor([0, 0, 1, 1, 2]), empty)
     assert float(v) == 0. and v.requires_grad
+
+
+# pytorch-metric-learning's convention: the losses normalise inside (normalize=True, the default), so raw,
+# unnormalised embeddings give PML's values and gradients; normalize=False computes on the vectors as given.
+def raw_value_and_grad(loss_fn, raw, labels, *args, params=()):
+    "Loss on the raw batch (no normalisation by the caller); gradients with respect to it (and `params`)."
+    v = loss_fn(raw, labels, *args)
+    return v.detach(), torch.autograd.grad(v, [raw, *params])
+
+
+def assert_same_raw(ours, pml, raw, labels, *args, params=((), ())):
+    v1, g1 = raw_value_and_grad(ours, raw, labels, *args, params=params[0])
+    v2, g2 = raw_value_and_grad(pml, raw, labels, *args, params=params[1])
+    tol = TOL[raw.dtype]
+    assert torch.isfinite(v1) and abs(float(v1 - v2)) <= tol * max(1, abs(float(v2))), (float(v1), float(v2))
+    for a, b in zip(g1, g2):
+        b = b.reshape(a.shape) if a.shape == b.shape else b.T
+        assert (a - b).abs().max() <= tol, float((a - b).abs().max())
+
+
+def scaled_batch(B, C, balanced, dtype, seed, dim=16):
+    "A batch whose rows have norms between 0.3 and 8, far from the unit sphere."
+    raw, labels = make_batch(B, C, balanced, dtype, seed, dim)
+    g = torch.Generator().manual_seed(seed + 1)
+    scale = (0.3 + 7.7 * torch.rand(B, 1, generator=g)).to(dtype)
+    return (raw.detach() * scale).requires_grad_(), labels
+
+
+def test_issue_example_triplet_on_raw_embeddings():
+    raw, labels = scaled_batch(32, 8, True, torch.float64, seed=0)
+    ours, pml = TripletLoss(margin=0.2)(raw, labels), pml_losses.TripletMarginLoss(margin=0.2)(raw, labels)
+    assert abs(float((ours - pml).detach())) < 1e-10
+    d = torch.cdist(raw, raw)  # the raw distances: what normalize=False measures, brute force
+    ref = torch.stack([F.relu(d[a, p] - d[a, n] + 0.2) for a, p, n in brute_triplets(labels)])
+    got = TripletLoss(margin=0.2, normalize=False, reduction="sum")(raw, labels)
+    assert abs(float(got - ref.sum())) < 1e-8 and abs(float(got - ours * (ref > 0).sum())) > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("batch", BATCHES[:3])
+@pytest.mark.parametrize("row", [r for r in PAIR_ROWS if r != "angular"])
+def test_pair_losses_match_pml_on_raw_embeddings(row, batch, dtype):
+    ours, pml = PAIR_ROWS[row]
+    raw, labels = scaled_batch(*batch, dtype, seed=len(row) * 10 + batch[0])
+    assert_same_raw(ours(), pml(), raw, labels)
+    raw2, labels2 = scaled_batch(32, 8, True, dtype, seed=4)
+    tup = SemiHardMiner(0.3)(raw2, labels2)  # mined on the raw batch too: the miner normalises as well
+    assert len(tup[0]) > 0
+    assert_same_raw(ours(), pml(), raw2, labels2, tup)
+
+
+@pytest.mark.parametrize("n_classes", [2, 8])
+def test_npair_matches_pml_on_raw_embeddings(n_classes):
+    raw, labels = scaled_batch(2 * n_classes, n_classes, True, torch.float64, seed=n_classes)
+    assert_same_raw(NPairLoss(), pml_losses.NPairsLoss(), raw, labels)
+    with pytest.raises(ValueError, match="pass normalize=False"): NPairLoss(l2_reg=0.1)
+
+
+@pytest.mark.parametrize("row", list(PROXY_ROWS))
+def test_proxy_losses_match_pml_on_raw_embeddings(row):
+    raw, labels = scaled_batch(32, 8, True, torch.float64, seed=13)
+    n_cls, dim = 11, raw.shape[1]
+    ours, pml = (f(n_cls, dim).double() for f in PROXY_ROWS[row])
+    theirs = pml.proxies if hasattr(pml, "proxies") else pml.W
+    with torch.no_grad(): theirs.copy_(ours.proxies if theirs.shape == ours.proxies.shape else ours.proxies.T)
+    assert_same_raw(ours, pml, raw, labels, params=((ours.proxies,), (theirs,)))
+
+
+@pytest.mark.parametrize("name", ["triplet", "contrastive", "margin", "lifted", "npair", "multisimilarity", "angular"])
+def test_normalize_false_is_the_old_raw_computation(name):
+    raw, labels = scaled_batch(16, 4, True, torch.float64, seed=21)
+    unit = F.normalize(raw.detach(), dim=1)
+    # on unit vectors the flag changes nothing beyond rounding (methods whose heads normalise are unaffected)
+    assert abs(float(LOSSES.get(name)()(unit, labels) - LOSSES.get(name)(normalize=False)(unit, labels))) < 1e-12
+    # on raw vectors, normalize=True is exactly "normalise, then the raw computation"
+    v1 = LOSSES.get(name)()(raw, labels)
+    v2 = LOSSES.get(name)(normalize=False)(F.normalize(raw, dim=1), labels)
+    assert abs(float(v1 - v2)) < 1e-12
+
+
+def test_angular_on_raw_embeddings_normalises_all_three():
+    # PML's AngularLoss normalises anchors and positives but multiplies by the raw negatives; eq. (8) lives on the
+    # unit sphere, so ours normalises all three: on a raw batch it is PML's value on the normalised batch.
+    raw, labels = scaled_batch(24, 6, True, torch.float64, seed=5)
+    assert_same_raw(lambda e, l: AngularLoss(alpha=40)(e, l),
+                    lambda e, l: pml_losses.AngularLoss(alpha=40)(F.normalize(e, dim=1), l), raw, labels)
+    assert abs(float(AngularLoss(alpha=40)(raw, labels) - pml_losses.AngularLoss(alpha=40)(raw, labels))) > 1e-3

@@ -8,7 +8,8 @@ import torch
 from sklearn.metrics import normalized_mutual_info_score
 
 from dml_book import metrics
-from dml_book.metrics import (evaluate, reid_evaluate, flip_averaged_features, knn, kmeans_assign, nmi,
+from dml_book.reid_metrics import reid_evaluate, flip_averaged_features
+from dml_book.metrics import (evaluate, knn, kmeans_assign, nmi,
                               pairwise_f1, gpu_available, gpu_ids, shard_gallery, search_shards)
 
 

@@ -148,3 +148,30 @@ def test_miner_then_loss_backward():
         v.backward()
         assert torch.isfinite(raw.grad).all()
         raw.grad = None
+
+
+def scaled(x, seed):
+    g = torch.Generator().manual_seed(seed)
+    return x * (0.3 + 7.7 * torch.rand(len(x), 1, generator=g, dtype=x.dtype))
+
+
+@pytest.mark.parametrize("batch", BATCHES[:4])
+def test_miners_match_pml_on_raw_embeddings(batch):
+    "PML's miners measure normalised embeddings by default; ours too, so raw inputs give the same tuples."
+    x, labels = make_batch(*batch, seed=batch[0] + 7)
+    raw = scaled(x, batch[0])
+    assert_same_tuples(SemiHardMiner(margin=0.2)(raw, labels),
+                       pml_miners.TripletMarginMiner(margin=0.2, type_of_triplets="semihard")(raw, labels))
+    assert_same_tuples(BatchHardMiner()(raw, labels), pml_miners.BatchHardMiner()(raw, labels))
+    assert_same_tuples(SemiHardMiner(margin=0.2)(raw, labels), SemiHardMiner(margin=0.2)(x, labels))
+
+
+def test_miners_normalize_false_measure_raw_distances():
+    x, labels = make_batch(20, 5, True, seed=2)
+    raw = scaled(x, 3)
+    d = torch.cdist(raw, raw)
+    a, p, n = BatchHardMiner(normalize=False)(raw, labels)
+    for ai, pi, ni in zip(a.tolist(), p.tolist(), n.tolist()):
+        assert d[ai, pi] == max(d[ai, j] for j in range(20) if j != ai and labels[j] == labels[ai])
+        assert d[ai, ni] == min(d[ai, j] for j in range(20) if labels[j] != labels[ai])
+    assert not all(torch.equal(u, v) for u, v in zip(BatchHardMiner(normalize=False)(raw, labels), BatchHardMiner()(raw, labels)))

@@ -301,6 +301,9 @@ def test_registered_with_the_paper_presets():
         ks = (1, 10, 100, 1000) if name == "sop" else (1, 2, 4, 8)                          # official k_vals
         assert p["ks"] == p["method_kwargs"]["recall_ks"] == ks
     assert PADS.presets["sop"]["method_kwargs"]["val_by_class"] is True                   # whole classes on SOP (official)
+    for name, at in (("cub200", 150), ("cars196", 140), ("sop", 80)):                     # the official runs' schedule
+        p = PADS.presets[name]
+        assert (p["lr_schedule"], p["lr_milestones"], p["lr_gamma"], p["freeze_bn"]) == ("multistep", (at,), 0.3, True)
 
 
 def test_presets_are_valid_train_configs():
@@ -435,3 +438,6 @@ def test_reward_split_uses_the_evaluation_transform_and_whole_classes_on_small_c
     assert "RandomCrop" not in repr(base.transform) and "Flip" not in repr(base.transform)   # the evaluation transform
     x0, x1 = m.val_ds[0][0], m.val_ds[0][0]
     assert torch.equal(x0, x1)                                                # deterministic: no augmentation
+    assert m.metric_keys == ("R@1", "R@2", "NMI", "intra", "inter")           # every Recall@k of the state, NMI, distances
+    n_beta = tr.loss_fn.beta.shape[0]   # built before PADS holds out its reward classes: those betas stay unused
+    assert n_beta > 1 and max(tr.train_ds.labels) < n_beta                    # one margin beta per training class

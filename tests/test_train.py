@@ -68,3 +68,41 @@ def test_faiss_gpus_follow_the_run(monkeypatch):
     assert Trainer.faiss_gpus(run("cuda:0", False)) == "all"
     monkeypatch.setattr(faiss, "get_num_gpus", lambda: 0)
     assert Trainer.faiss_gpus(run("cuda:1", True)) is None and Trainer.faiss_gpus(run("cuda", False)) is None
+
+
+SCHED = dict(dataset="glyphs", dataset_kwargs={"size": 16}, embedding_dim=8, batch_size=16, m_per_class=4, max_steps_per_epoch=3,
+             lr_schedule="step", lr_step_size=2, lr_gamma=0.5, lr_step_per="iteration", device="cpu", progress=False)
+
+
+def test_lr_schedule_follows_torch_and_resumes_exactly_mid_schedule(tmp_path, one_thread):
+    from dml_book.train import Trainer
+    full = Trainer(epochs=3, out=str(tmp_path/"full"), **SCHED); full.fit()
+    lrs = [r["lr"][0] for r in full.history if r["kind"] == "epoch" and "lr" in r]
+    assert lrs == [1e-3 * 0.5 ** (3 * e // 2) for e in (1, 2, 3)]   # StepLR after 3, 6, 9 iterations, halving every 2
+    Trainer(epochs=1, out=str(tmp_path/"cut"), **SCHED).fit()          # interrupted after the first epoch ...
+    cut = Trainer(epochs=3, out=str(tmp_path/"cut"), **SCHED); cut.fit()  # ... resumed from its checkpoint
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]
+    assert strip(cut.history) == strip(full.history)                   # same learning rates, losses and metrics, bit for bit
+    assert cut.scheduler.state_dict() == full.scheduler.state_dict()
+
+
+def test_bad_lr_schedule_is_named(tmp_path):
+    from dml_book.train import Trainer, ConfigError
+    with pytest.raises(ConfigError, match="unknown lr_schedule 'cosine'"):
+        Trainer(**{**SCHED, "lr_schedule": "cosine"}, out=str(tmp_path))
+
+
+def test_frozen_batchnorm_keeps_a_resnet18s_statistics_and_affine_parameters(one_thread):
+    import torch
+    from dml_book.models import build_model
+    torch.manual_seed(0)
+    model = build_model("resnet18", 8, pretrained=False, in_channels=3, freeze_bn=True).train()
+    frozen = {k: v.clone() for k, v in model.backbone.state_dict().items() if "bn" in k or "downsample.1" in k}
+    assert frozen and not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    conv = model.backbone.conv1.weight.detach().clone(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3, 32, 32)).pow(2).sum().backward(); opt.step()
+    after = model.backbone.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in frozen.items())          # running stats, weight and bias untouched
+    assert not torch.equal(model.backbone.conv1.weight, conv)                 # while the convolutions do train
+    with pytest.raises(ValueError, match="freeze_bn applies to pretrained torchvision backbones"):
+        build_model("smallcnn", 8, freeze_bn=True)

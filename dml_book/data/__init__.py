@@ -5,3 +5,4 @@ from .download import DownloadError, Archive, download_url, extract_archive, fet
 from .transforms import *
 from .retrieval import *
 from .reid import *
+from .glyph_products import *

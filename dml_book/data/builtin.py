@@ -129,6 +129,7 @@ class Glyphs(InMemoryImages):
 @DATASETS.register("digits")
 class Digits(InMemoryImages):
     "scikit-learn's bundled 8x8 handwritten digits: classes 0-4 train, 5-9 test."
+    batch_defaults = dict(batch_size=20, m_per_class=4)  # 5 training classes: the command line's default batch of 64 cannot be filled
     def __init__(self, root=None, # unused: the data ships with scikit-learn
                  split: str = "train", # "train" or "test"
                  transform=None, # applied to each (1, 8, 8) float tensor

@@ -6,17 +6,20 @@ Docs: https://dml-book.github.io/dml_book/data.core.html.md"""
 
 # %% ../../nbs/01d_data.core.ipynb #22da15f4
 from __future__ import annotations
-import os
+import inspect, os
 from collections import defaultdict
 from pathlib import Path
 import numpy as np
 from PIL import Image
+import torch
 from torch.utils.data import Dataset
+from ..registry import DATASETS, ConfigError
 from .download import Archive, fetch_archives
 from .transforms import get_transform
 
 # %% auto #0
-__all__ = ['DatasetNotFoundError', 'ImageReadError', 'load_image', 'find_root', 'check_files', 'ImageFileDataset']
+__all__ = ['DatasetNotFoundError', 'ImageReadError', 'load_image', 'find_root', 'check_files', 'ImageFileDataset',
+           'LabelledSubset', 'build_split']
 
 # %% ../../nbs/01d_data.core.ipynb #87877b07
 class DatasetNotFoundError(FileNotFoundError):
@@ -128,3 +131,36 @@ ImageFileDataset.__repr__ = lambda self: (f"{type(self).__name__}(split={self.sp
                                           f"{len(self.class_names)} classes, root={str(self.root)!r})")
 ImageFileDataset.default_transform = classmethod(lambda cls, train: get_transform(cls.transform_preset, train))
 ImageFileDataset.default_transform.__func__.__doc__ = "The paper-protocol transform (PIL image -> normalised tensor)."
+
+# %% ../../nbs/01d_data.core.ipynb #a7af1241
+class LabelledSubset(torch.utils.data.Dataset):
+    "Items `indices` of `dataset`, keeping the dataset interface (`.labels`, `.class_names`); `relabel` makes ids contiguous."
+    def __init__(self, dataset, indices, relabel: bool = False):
+        self.dataset, self.indices = dataset, np.asarray(indices, dtype=np.int64)
+        labels = np.asarray(dataset.labels)[self.indices]
+        classes = np.unique(labels) if relabel else np.arange(len(dataset.class_names))
+        self._map = {int(c): i for i, c in enumerate(classes)}
+        self.labels = np.asarray([self._map[int(c)] for c in labels], dtype=np.int64)
+        self.class_names = [dataset.class_names[c] for c in classes]
+        self.protocol = getattr(dataset, "protocol", "retrieval")
+    def __len__(self): return len(self.indices)
+    def __getitem__(self, i):
+        x, y = self.dataset[int(self.indices[i])]
+        return x, self._map[int(y)]
+
+# %% ../../nbs/01d_data.core.ipynb #a2c61259
+def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, transform
+                split: str, # the dataset's split, e.g. "train", "test", "query"
+                train: bool): # True: the training transform (augmentation); False: the evaluation transform
+    "The split `split` of `cfg.dataset`, built with its `dataset_kwargs` and the training or evaluation transform."
+    cls = DATASETS.get(cfg.dataset)
+    accepted = [p for p in inspect.signature(cls).parameters if p not in ("root", "split", "transform")]
+    if set(cfg.dataset_kwargs) - set(accepted):
+        raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
+                          f"it accepts: {', '.join(accepted) or 'none'}")
+    transform = cls.default_transform(train)
+    if cfg.transform is not None:
+        if transform is None: raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
+        transform = get_transform(cfg.transform, train)
+    return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import NamedTuple
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from ..distances import check_batch, check_tuple
 
@@ -82,9 +83,10 @@ def check_finite(embeddings: Tensor, what: str = "embeddings"):
 class BaseLoss(nn.Module):
     "Base of every loss: input checks, per-tuple `compute`, then reduction."
     uses_proxies = False  # proxy losses take (num_classes, embedding_size) first and own parameters
-    def __init__(self, reduction: str|Reduction = "mean"): # "mean", "mean_nonzero", "sum" or "none"
+    def __init__(self, reduction: str|Reduction = "mean", # "mean", "mean_nonzero", "sum" or "none"
+                 normalize: bool = True): # L2-normalise the embeddings before `compute` (PML's default)
         super().__init__()
-        self.reduction = as_reduction(reduction)
+        self.reduction, self.normalize = as_reduction(reduction), normalize
 
     def compute(self, embeddings: Tensor, labels: Tensor, indices_tuple) -> LossOutput:
         "Per-tuple losses; written by each subclass."
@@ -104,6 +106,7 @@ def _forward(self: BaseLoss,
     "The loss of a batch."
     check_batch(embeddings, labels); check_finite(embeddings)
     check_tuple(indices_tuple, len(embeddings))
+    if self.normalize: embeddings = F.normalize(embeddings, dim=1)  # the one place losses normalise
     if indices_tuple is None and weights is None and self.reduction is not Reduction.NONE:
         fast = self.reduced_all(embeddings, labels)
         if fast is not None: return fast

@@ -33,8 +33,9 @@ class LiftedStructureLoss(BaseLoss):
     "`[log(sum exp(neg_margin - D_ik) + sum exp(neg_margin - D_jl)) + D_ij - pos_margin]_+^2 / 2` (Song et al. eq. 4)."
     def __init__(self, neg_margin: float = 1., # alpha of eq. (4)
                  pos_margin: float = 0., # subtracted from D_ij (0 in the paper)
-                 reduction: str = "mean"): # mean over ordered positive pairs = eq. (4)
-        super().__init__(reduction)
+                 reduction: str = "mean", # mean over ordered positive pairs = eq. (4)
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(reduction, normalize)
         self.neg_margin, self.pos_margin = neg_margin, pos_margin
 
     def compute(self, embeddings, labels, indices_tuple):
@@ -68,8 +69,9 @@ class MultiSimilarityLoss(BaseLoss):
                  beta: float = 50., # weight of negative pairs
                  base: float = 0.5, # the shift lambda
                  epsilon: float|None = None, # the paper's mining margin (eqs. 10, 11); None: use all given pairs
-                 reduction: str = "mean"): # mean over the anchors of the batch
-        super().__init__(reduction)
+                 reduction: str = "mean", # mean over the anchors of the batch
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(reduction, normalize)
         self.alpha, self.beta, self.base, self.epsilon = alpha, beta, base, epsilon
 
     def compute(self, embeddings, labels, indices_tuple):
@@ -88,8 +90,9 @@ class MultiSimilarityLoss(BaseLoss):
 class AngularLoss(BaseLoss):
     "`log(1 + sum_n exp(4 tan^2(alpha) (x_a+x_p)^T x_n - 2 (1+tan^2(alpha)) x_a^T x_p))` per positive pair (eq. 8)."
     def __init__(self, alpha: float = 40., # the angle bound, in degrees
-                 reduction: str = "mean"): # mean over positive pairs
-        super().__init__(reduction)
+                 reduction: str = "mean", # mean over positive pairs
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(reduction, normalize)
         self.alpha = alpha
 
     def compute(self, embeddings, labels, indices_tuple):
@@ -105,8 +108,11 @@ class AngularLoss(BaseLoss):
 class NPairLoss(BaseLoss):
     "Multi-class N-pair loss (Sohn 2016, eq. 6): softmax over inner products, one anchor-positive pair per class."
     def __init__(self, l2_reg: float = 0., # lambda of the paper's embedding-norm penalty
-                 reduction: str = "mean"): # mean over the N pairs
-        super().__init__(reduction)
+                 reduction: str = "mean", # mean over the N pairs
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(reduction, normalize)
+        if l2_reg and normalize: raise ValueError("l2_reg penalises the embedding norm, which normalize=True fixes at 1: "
+                                                 "pass normalize=False (Sohn's form on raw embeddings)")
         self.l2_reg = l2_reg
 
     def compute(self, embeddings, labels, indices_tuple):

@@ -24,8 +24,9 @@ class ProxyLoss(BaseLoss):
     uses_proxies = True
     def __init__(self, num_classes: int, # number of classes, one proxy each
                  embedding_size: int, # dimension of the embeddings
-                 reduction: str = "mean"):
-        super().__init__(reduction)
+                 reduction: str = "mean",
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(reduction, normalize)
         self.num_classes = num_classes
         self.proxies = nn.Parameter(torch.empty(num_classes, embedding_size))
         nn.init.normal_(self.proxies)
@@ -47,8 +48,9 @@ class ProxyNCALoss(ProxyLoss):
     def __init__(self, num_classes: int, embedding_size: int,
                  softmax_scale: float = 1., # multiplies the negative squared distances
                  exclude_positive: bool = False, # the paper's denominator, without the positive proxy
-                 reduction: str = "mean"): # mean over embeddings
-        super().__init__(num_classes, embedding_size, reduction)
+                 reduction: str = "mean", # mean over embeddings
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(num_classes, embedding_size, reduction, normalize)
         if exclude_positive and num_classes < 2: raise ValueError("exclude_positive needs at least 2 classes")
         self.softmax_scale, self.exclude_positive = softmax_scale, exclude_positive
 
@@ -67,8 +69,9 @@ class ProxyAnchorLoss(ProxyLoss):
     def __init__(self, num_classes: int, embedding_size: int,
                  margin: float = 0.1, # delta
                  alpha: float = 32., # the scale alpha
-                 reduction: str = "mean"): # each block averaged as in eq. (4), then added
-        super().__init__(num_classes, embedding_size, reduction)
+                 reduction: str = "mean", # each block averaged as in eq. (4), then added
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(num_classes, embedding_size, reduction, normalize)
         self.margin, self.alpha = margin, alpha
         nn.init.kaiming_normal_(self.proxies, mode="fan_out")
 
@@ -89,8 +92,9 @@ class NormSoftmaxLoss(ProxyLoss):
     "Cross-entropy over cosine similarities to the proxies divided by a temperature (Zhai & Wu 2019, eq. 2)."
     def __init__(self, num_classes: int, embedding_size: int,
                  temperature: float = 0.05, # sigma
-                 reduction: str = "mean"): # mean over embeddings
-        super().__init__(num_classes, embedding_size, reduction)
+                 reduction: str = "mean", # mean over embeddings
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(num_classes, embedding_size, reduction, normalize)
         self.temperature = temperature
 
     def compute(self, embeddings, labels, indices_tuple):

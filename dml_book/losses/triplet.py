@@ -29,8 +29,9 @@ class TripletLoss(BaseLoss):
     "Triplet margin loss `[d(a,p) - d(a,n) + margin]_+` (FaceNet eq. 1); `squared=True` uses squared distances."
     def __init__(self, margin: float = 0.2, # the margin alpha of eq. (1)
                  squared: bool = False, # squared Euclidean distance (FaceNet) instead of Euclidean (PML)
-                 reduction: str = "mean_nonzero"): # "mean_nonzero" (PML), "mean", "sum" or "none"
-        super().__init__(reduction)
+                 reduction: str = "mean_nonzero", # "mean_nonzero" (PML), "mean", "sum" or "none"
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(reduction, normalize)
         self.margin, self.squared = margin, squared
 
     def compute(self, embeddings, labels, indices_tuple):
@@ -58,8 +59,9 @@ class ContrastiveLoss(BaseLoss):
     def __init__(self, pos_margin: float = 0., # positive pairs closer than this cost nothing
                  neg_margin: float = 1., # negative pairs farther than this cost nothing (m of eq. 4)
                  squared: bool = False, # the paper's 1/2 [.]_+^2 terms instead of PML's plain hinges
-                 reduction: str = "mean_nonzero"): # applied to positive and negative pairs separately, then added
-        super().__init__(reduction)
+                 reduction: str = "mean_nonzero", # applied to positive and negative pairs separately, then added
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(reduction, normalize)
         self.pos_margin, self.neg_margin, self.squared = pos_margin, neg_margin, squared
 
     def compute(self, embeddings, labels, indices_tuple):
@@ -88,8 +90,9 @@ class MarginLoss(BaseLoss):
                  num_classes: int|None = None, # one beta per class (indexed by the anchor's label)
                  per_class: bool = False, # one beta per class of the training split (the trainer passes num_classes)
                  beta_lr: float|None = None, # learning rate of beta in a trainer (None: the head's); beta has no weight decay
-                 reduction: str = "mean_nonzero"): # "mean_nonzero" divides by the number of non-zero pair terms
-        super().__init__(reduction)
+                 reduction: str = "mean_nonzero", # "mean_nonzero" divides by the number of non-zero pair terms
+                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+        super().__init__(reduction, normalize)
         if per_class and not num_classes: raise ValueError("per_class=True needs num_classes (the trainer passes it)")
         self.margin, self.nu, self.learn_beta, self.beta_lr = margin, nu, learn_beta, beta_lr
         b = torch.full((num_classes or 1,), float(beta))

@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.distributed as dist
 from torch import Tensor
 from torch.func import functional_call
+from fastcore.basics import patch
 from ..registry import METHODS
 from ..distances import all_pairs, all_triplets, check_tuple, to_pairs, to_triplets
 from ..samplers import EpisodeSampler
@@ -19,7 +20,7 @@ from .base import Method
 from ..distributed import broadcast_object
 
 # %% auto #0
-__all__ = ['tuple_embeddings', 'tuple_hardness', 'Assessor', 'one_step', 'meta_objective', 'ALA']
+__all__ = ['tuple_embeddings', 'tuple_hardness', 'Assessor', 'one_step', 'weighted_sum', 'meta_objective', 'ALA']
 
 # %% ../../nbs/20_methods.ala.ipynb #e74b70d5
 def tuple_embeddings(emb: Tensor, # (B, D) embeddings of the batch
@@ -64,24 +65,37 @@ class Assessor(nn.Module):
 # %% ../../nbs/20_methods.ala.ipynb #e802a3e9
 def one_step(params: dict[str, Tensor], # the parameters theta the loss was computed with
              loss: Tensor, # the assessor-weighted training loss
-             lrs: float | list[float]) -> dict[str, Tensor]: # alpha, one for all or one per parameter
-    "Eq. (10): theta' = theta - alpha * grad, with the graph kept so that theta' depends on the assessor's weights."
-    lrs = [lrs] * len(params) if isinstance(lrs, (int, float)) else list(lrs)
+             lrs: float | list[float], # alpha, one for all or one per parameter
+             weight_decays: float | list[float] = 0.0) -> dict[str, Tensor]: # the optimiser's weight decay, likewise
+    "Eq. (10): theta' = theta - alpha * (grad + weight_decay * theta), with the graph kept so that theta' depends on the weights."
+    per = lambda v: [v] * len(params) if isinstance(v, (int, float)) else list(v)
+    lrs, wds = per(lrs), per(weight_decays)
     grads = torch.autograd.grad(loss, list(params.values()), create_graph=True, retain_graph=True, allow_unused=True)
-    return {k: p if g is None else p - lr * g for (k, p), g, lr in zip(params.items(), grads, lrs)}
+    return {k: p if g is None else p - lr * (g + wd * p) for (k, p), g, lr, wd in zip(params.items(), grads, lrs, wds)}
+
 
 # %% ../../nbs/20_methods.ala.ipynb #d0700d4f
+def weighted_sum(loss_fn, emb: Tensor, labels: Tensor, indices_tuple, # a library loss and its inputs
+                 weights: Tensor | None = None) -> Tensor: # (T,) per-tuple weights; None: all 1
+    "The sum over the tuples of (w_i / mean w) L(T_i): eqs. (10) and (13) with weights (see the text), eq. (11) without."
+    out = loss_fn.compute(emb, labels, indices_tuple)
+    if weights is None: return out.losses.sum()
+    w = weights.to(out.losses.dtype)
+    return (w / w.mean().clamp_min(1e-12) * out.losses).sum()
+
 def meta_objective(assessor: Assessor, state, # the assessor and its carried LSTM state
                    tuples: Tensor, # (T, tuple_dim) the training tuples as `tuple_embeddings` gives them
                    emb: Tensor, labels: Tensor, indices_tuple, # training embeddings computed from `params`, labels, tuples
                    module: nn.Module, params: dict[str, Tensor], lrs, # the stepped module, its parameters and alpha
                    val_input: Tensor, val_labels: Tensor, # validation inputs of `module` and labels
-                   loss_fn, val_tuples=None, buffers: dict | None = None) -> Tensor:
+                   loss_fn, val_tuples=None, buffers: dict | None = None, # validation tuples (None: all); module buffers
+                   weight_decays=0.0) -> Tensor: # the optimiser's weight decay in the step
     "Eq. (11): the unweighted validation loss of the metric after one step (eq. 10) on the assessor-weighted training loss."
-    w, _ = assessor(tuples, state)                                                # eq. (8)
-    stepped = one_step(params, loss_fn(emb, labels, indices_tuple, weights=w), lrs)  # eq. (10)
+    w, _ = assessor(tuples, state)                                                           # eq. (8)
+    stepped = one_step(params, weighted_sum(loss_fn, emb, labels, indices_tuple, w), lrs, weight_decays)  # eq. (10)
     val_emb = functional_call(module, {**stepped, **(buffers or {})}, (val_input,))
-    return loss_fn(val_emb, val_labels, val_tuples)                               # eq. (11)
+    return weighted_sum(loss_fn, val_emb, val_labels, val_tuples)                             # eq. (11)
+
 
 # %% ../../nbs/20_methods.ala.ipynb #a2f77f1e
 def _detach_state(state): return None if state is None else tuple(s.detach() for s in state)
@@ -103,14 +117,17 @@ def _on_any_rank(flag: bool, device) -> bool:
 class ALA(Method):
     "DML-ALA (Zheng et al., CVPR 2020): an LSTM assessor weights the tuples, meta-trained on label-disjoint episodes."
     presets = {}   # filled below
+    optimizer_name = "sgd"   # eqs. (10) and (13) are plain gradient steps: the trainer uses SGD unless told otherwise
     def __init__(self, n_train: int = 100, # images in an episode's training subset
                  n_val: int = 20, # images in its validation subset (classes disjoint from the training subset)
                  meta_steps: int = 3, # K, assessor updates per iteration
                  assessor_lr: float = 4e-4, # beta, Adam learning rate of the assessor
                  inner_lr: float | None = None, # alpha of eq. (10); default: each parameter's lr in the main optimiser
                  step: str = "head", # parameters of the differentiable step: "head" (cheap) or "all"
-                 max_tuples: int = 256, # tuples per iteration fed to the assessor (random subset)
+                 max_tuples: int = 256, # the tuple budget: tuples per iteration for the assessor and the metric's step
                  hidden_size: int = 64, num_layers: int = 2, # the assessor's LSTM
+                 assess: bool = True, # False: the paper's baseline, same episodes and tuples, every weight 1
+                 disjoint: bool = True, # False: validation classes drawn from the training subset's (Table 1's "random")
                  seed: int = 0): # seed of the tuple subsampling
         super().__init__()
         if step not in ("head", "all"): raise ValueError(f"step must be 'head' or 'all', got {step!r}")
@@ -118,9 +135,10 @@ class ALA(Method):
             if int(v) != v or v < lo: raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
         self.n_train, self.n_val, self.meta_steps, self.assessor_lr = n_train, n_val, meta_steps, assessor_lr
         self.inner_lr, self.step, self.max_tuples = inner_lr, step, max_tuples
-        self.hidden_size, self.num_layers = hidden_size, num_layers
+        self.hidden_size, self.num_layers, self.assess, self.disjoint = hidden_size, num_layers, assess, disjoint
         self.generator = torch.Generator().manual_seed(seed)
         self.assessor, self.assessor_opt, self.state, self.last, self.snapshots = None, None, None, {}, []
+
 
 # %% ../../nbs/20_methods.ala.ipynb #330e25a3
 def _arity(trainer) -> int:
@@ -132,6 +150,9 @@ def _arity(trainer) -> int:
     return 3 if arity == 3 else 2
 
 def _setup(self: ALA, trainer):
+    if (name := getattr(trainer.cfg, "optimizer", "auto")) not in ("auto", "sgd"):
+        raise ValueError(f"ALA's look-ahead (eq. 10) models a plain gradient step, the step eq. (13) takes; "
+                         f"optimizer={name!r} would take another: use sgd (the default for ALA)")
     self.arity = _arity(trainer)
     self.assessor = Assessor(self.arity * trainer.model.embedding_dim, self.hidden_size, self.num_layers).to(trainer.device)
     try: self.assessor_opt = torch.optim.Adam(self.assessor.parameters(), lr=self.assessor_lr, fused=True)  # 5x faster on small tensors
@@ -139,7 +160,13 @@ def _setup(self: ALA, trainer):
 ALA.setup = _setup
 ALA.param_groups = lambda self, trainer: []     # the assessor has its own optimiser
 ALA.batch_sampler = lambda self, trainer: EpisodeSampler(trainer.train_ds.labels, self.n_train, self.n_val,
-                                                         trainer.cfg.m_per_class, seed=trainer.cfg.seed)
+                                                         trainer.cfg.m_per_class, seed=trainer.cfg.seed, disjoint=self.disjoint)
+
+# %% ../../nbs/20_methods.ala.ipynb #016e0447
+@patch
+def optimizers(self: ALA) -> list[torch.optim.Optimizer]:
+    "The assessor's optimiser (its meta-steps are ALA's own)."
+    return [] if self.assessor_opt is None else [self.assessor_opt]
 
 # %% ../../nbs/20_methods.ala.ipynb #8a33c714
 def _tuples(self: ALA, trainer, emb: Tensor, labels: Tensor):
@@ -154,47 +181,55 @@ def _tuples(self: ALA, trainer, emb: Tensor, labels: Tensor):
     return t[0][i], t[1][i], t[2][j], t[3][j]
 ALA._tuples = _tuples
 
-def _lrs(self: ALA, trainer, params: dict) -> list[float]:
-    "alpha per parameter: `inner_lr`, else the parameter's learning rate in the main optimiser."
-    if self.inner_lr is not None: return [self.inner_lr] * len(params)
-    lr = {id(p): g["lr"] for g in trainer.optimizer.param_groups for p in g["params"]}
-    return [lr.get(id(p), 0.0) for p in params.values()]
+def _lrs(self: ALA, trainer, params: dict) -> tuple[list[float], list[float]]:
+    "alpha and the weight decay per parameter: `inner_lr`, else the parameter's group in the main optimiser."
+    group = {id(p): g for g in trainer.optimizer.param_groups for p in g["params"]}
+    g = [group.get(id(p), {"lr": 0.0}) for p in params.values()]
+    lrs = [self.inner_lr] * len(params) if self.inner_lr is not None else [x["lr"] for x in g]
+    return lrs, [x.get("weight_decay", 0.0) for x in g]
 ALA._lrs = _lrs
 
 # %% ../../nbs/20_methods.ala.ipynb #0224428b
+def _inputs(self: ALA, model, x: Tensor, xv: Tensor):
+    "The stepped module, its training and validation inputs and buffers; batch-norm statistics never see the validation subset."
+    if self.step == "all": return model, x, xv, {k: b.clone() for k, b in model.named_buffers()}
+    with torch.no_grad():   # validation features on copies of the backbone's buffers: running statistics stay as they are
+        bb = {**dict(model.backbone.named_parameters()), **{k: b.clone() for k, b in model.backbone.named_buffers()}}
+        val_inp = functional_call(model.backbone, bb, (xv,))
+    return model.head, model.backbone(x), val_inp, {}
+ALA._inputs = _inputs
+
 def _training_step(self: ALA, trainer, images: Tensor, labels: Tensor) -> dict:
     n, model, loss_fn = self.n_train, trainer.model, trainer.loss_fn
     if len(images) != n + self.n_val:
         raise ValueError(f"ALA needs episodes of n_train + n_val = {n + self.n_val} images (EpisodeSampler), got {len(images)}")
     x, y, xv, yv = images[:n], labels[:n], images[n:], labels[n:]
-    if self.step == "head":
-        module, inp, buffers = model.head, model.backbone(x), {}
-        with torch.no_grad(): val_inp = model.backbone(xv)
-    else:
-        module, inp, val_inp = model, x, xv
-        buffers = {k: b.clone() for k, b in model.named_buffers()}
+    module, inp, val_inp, buffers = self._inputs(model, x, xv)
     params = dict(module.named_parameters())
     emb = module(inp)                                   # theta's training embeddings, graph kept for eq. (13)
     t = self._tuples(trainer, emb, y)
     tuples = tuple_embeddings(emb, t)
     if _on_any_rank(len(tuples) == 0, labels.device): return {"loss": 0.0, "tuples": 0}   # all ranks skip together
-    val_t = None
-    if trainer.miner is not None:
-        with torch.no_grad(): val_t = trainer.miner(functional_call(module, {**params, **buffers}, (val_inp,)), yv)
-    lrs = self._lrs(trainer, params)
-    for _ in range(self.meta_steps):                    # eq. (11)-(12), K times; theta' recomputed each time
-        val_loss = meta_objective(self.assessor, self.state, tuples, emb, y, t, module, params, lrs, val_inp, yv,
-                                  loss_fn, val_t, buffers)
-        self.assessor_opt.zero_grad()
-        val_loss.backward(inputs=list(self.assessor.parameters()), retain_graph=True)
-        self.assessor_opt.step()
-    with torch.no_grad(): w, state = self.assessor(tuples, self.state)   # the updated assessor's weights
-    loss = loss_fn(emb, y, t, weights=w)                                  # eq. (13): one plain step
+    logs, w = {}, None
+    if self.assess:
+        val_t = None
+        if trainer.miner is not None:
+            with torch.no_grad(): val_t = trainer.miner(functional_call(module, {**params, **buffers}, (val_inp,)), yv)
+        lrs, wds = self._lrs(trainer, params)
+        for _ in range(self.meta_steps):                # eq. (11)-(12), K times; theta' recomputed each time
+            val_loss = meta_objective(self.assessor, self.state, tuples, emb, y, t, module, params, lrs, val_inp, yv,
+                                      loss_fn, val_t, buffers, wds)
+            self.assessor_opt.zero_grad()
+            val_loss.backward(inputs=list(self.assessor.parameters()), retain_graph=True)
+            self.assessor_opt.step()
+        with torch.no_grad(): w, state = self.assessor(tuples, self.state)   # the updated assessor's weights
+        self.state = _rank_mean(_detach_state(state))                        # under torchrun: one state for all ranks
+        logs = {"val_loss": val_loss.item(), "weight_mean": w.mean().item(), "weight_std": w.std().item() if len(w) > 1 else 0.0}
+    loss = weighted_sum(loss_fn, emb, y, t, w)                               # eq. (13): one plain step (all 1 without assessor)
     trainer.optimizer.zero_grad(); loss.backward(); trainer.optimizer.step()
-    self.state = _rank_mean(_detach_state(state))                        # under torchrun: one state for all ranks
     if dist.is_available() and dist.is_initialized(): self.generator.set_state(broadcast_object(self.generator.get_state()))
-    self.last = {"hardness": tuple_hardness(emb, t).cpu(), "weights": w.cpu()}
-    return {"loss": loss.item(), "val_loss": val_loss.item(), "weight_mean": w.mean().item(), "tuples": len(w)}
+    self.last = {"hardness": tuple_hardness(emb, t).cpu(), "weights": (torch.ones(len(tuples)) if w is None else w).cpu()}
+    return {"loss": loss.item(), **logs, "tuples": len(tuples)}
 ALA.training_step = _training_step
 
 # %% ../../nbs/20_methods.ala.ipynb #5baae9c1
@@ -217,6 +252,9 @@ def _end_epoch(self: ALA, trainer, epoch: int) -> dict:
 ALA.end_epoch = _end_epoch
 
 # %% ../../nbs/20_methods.ala.ipynb #11927e31
-_paper = dict(lr_backbone=1e-4, lr_head=1e-3, method_kwargs=dict(assessor_lr=4e-4, n_train=100, n_val=20, meta_steps=3))
-ALA.presets = {"paper": _paper} | {f"paper-{loss}": _paper | dict(loss=loss, backbone="googlenet", pretrained=True, embedding_dim=512)
-                                    for loss in ("contrastive", "triplet", "margin")}
+_paper = dict(lr_backbone=1e-4, lr_head=1e-3, weight_decay=0.0, optimizer="sgd",
+              method_kwargs=dict(assessor_lr=4e-4, n_train=100, n_val=20, meta_steps=3))
+_losses = {"contrastive": {}, "triplet": dict(squared=True), "margin": {}}   # eq. (4): the triplet loss on squared distances
+ALA.presets = {"paper": _paper} | {f"paper-{loss}": _paper | dict(loss=loss, loss_kwargs=kw, backbone="googlenet", pretrained=True,
+                                                                   embedding_dim=512, transform="retrieval227")
+                                    for loss, kw in _losses.items()}

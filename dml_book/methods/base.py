@@ -23,6 +23,7 @@ class Method(nn.Module):
     def batch_sampler(self, trainer): "A batch sampler over `trainer.train_ds`, or None for class-balanced batches."
     def end_epoch(self, trainer, epoch: int) -> dict: return {}
     def embed(self, trainer, images: torch.Tensor) -> torch.Tensor: return trainer.model(images)
+    def optimizers(self) -> list[torch.optim.Optimizer]: "The method's own optimisers (the trainer averages their gradients under torchrun)."; return []
 
     def param_groups(self, trainer) -> list[dict]:
         "Extra parameter groups for the main optimiser: by default the method's own trainable parameters."

@@ -176,6 +176,7 @@ def _subtask_loss(self: DCML, trainer, name: str) -> nn.Module:
     kw = dict(getattr(cfg, "loss_kwargs", None) or {}) if name == getattr(cfg, "loss", None) else {}
     if getattr(cls, "uses_proxies", False):
         kw.update(num_classes=len(trainer.train_ds.class_names), embedding_size=self.learner_dim)
+    kw.setdefault("normalize", False)  # the composites are what `normalize_composites` makes them: no second normalisation
     return cls(**kw)
 
 

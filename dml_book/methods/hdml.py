@@ -15,6 +15,7 @@ from ..registry import METHODS
 from ..distances import to_triplets
 from ..losses import TripletLoss, NPairLoss
 from .base import Method
+from ..samplers import TripletBatchSampler
 
 # %% auto #0
 __all__ = ['hardness_aware_augment', 'pulling_lambda', 'Generator', 'reconstruction_loss', 'generator_objective',
@@ -73,10 +74,11 @@ def generator_objective(j_recon: torch.Tensor, # reconstruction loss (eq. 8)
                         gen_lambda: float,     # lambda of eq. (9)
                         recon: bool = True,    # False: ablation without J_recon
                         softmax: bool = True,  # False: ablation without J_soft
+                        recon_weight: float = 1.0, # 1: eq. (9); 1 - lambda: the official code
                        ) -> torch.Tensor:
     "J_gen = J_recon + lambda * J_soft (eq. 9), with the paper's ablation switches."
     if not (recon or softmax): raise ValueError("the generator needs at least one of recon and softmax")
-    return (j_recon if recon else 0.) + (gen_lambda * j_soft if softmax else 0.)
+    return (recon_weight * j_recon if recon else 0.) + (gen_lambda * j_soft if softmax else 0.)
 
 # %% ../../nbs/21_methods.hdml.ipynb #97d68f2f
 def synthesis_weight(j_gen: float, # running average of J_gen (inf before the first window)
@@ -179,12 +181,16 @@ class HDML(Method):
                  window: int = 8,          # steps per running-average window (64 in the official code)
                  hidden: int = 512,        # width of the generator's first layer
                  recon: bool = True,       # ablation switch: False drops J_recon
-                 softmax: bool = True):    # ablation switch: False drops J_soft
+                 softmax: bool = True,     # ablation switch: False drops J_soft
+                 recon_weight: float = 1.0, # weight of J_recon in J_gen: 1 (eq. 9) or 1 - gen_lambda (official code)
+                 triplet_batches: bool = False, # batches of triplets over two fresh classes each (the official code's)
+                 synthesize: bool = True): # False: the baseline, the same real tuples without synthesis
         super().__init__()
         if not (recon or softmax): raise ValueError("the generator needs at least one of recon and softmax")
         if pulling_factor < 0 or beta < 0: raise ValueError(f"pulling_factor and beta must be >= 0, got {pulling_factor} and {beta}")
         self.pulling_factor, self.beta, self.gen_lambda = float(pulling_factor), float(beta), float(gen_lambda)
         self.lr_gen, self.lr_softmax, self.hidden, self.recon, self.softmax = lr_gen, lr_softmax, hidden, recon, softmax
+        self.recon_weight, self.triplet_batches, self.synthesize = recon_weight, triplet_batches, synthesize
         self.j_avg, self.j_gen_avg = WindowAverage(window), WindowAverage(window)
         self.rng, self._pending = torch.Generator(), None
 
@@ -205,9 +211,22 @@ def setup(self: HDML, trainer):
     if self._pending is not None: self.set_extra_state(self._pending)
 
 @patch
+def batch_sampler(self: HDML, trainer):
+    "The official code's triplet batches (`triplet_batches=True`, triplet loss), else the trainer's class-balanced ones."
+    if not (self.triplet_batches and self.mode == "triplet"): return None
+    if trainer.cfg.batch_size % 3: raise ValueError(f"triplet batches need a batch_size divisible by 3, got {trainer.cfg.batch_size}")
+    return TripletBatchSampler(trainer.train_ds.labels, trainer.cfg.batch_size // 3, seed=trainer.cfg.seed)
+
+@patch
 def param_groups(self: HDML, trainer) -> list[dict]:
     "Nothing for the main optimiser: the generator and the softmax layer have their own."
     return []
+
+# %% ../../nbs/21_methods.hdml.ipynb #66c9903c
+@patch
+def optimizers(self: HDML) -> list[torch.optim.Optimizer]:
+    "The generator's and the softmax classifier's optimisers."
+    return [o for o in (getattr(self, "opt_gen", None), getattr(self, "opt_softmax", None)) if o is not None]
 
 # %% ../../nbs/21_methods.hdml.ipynb #411c62c6
 @patch
@@ -218,7 +237,9 @@ def tuples(self: HDML, trainer, z, labels, lam: float):
         z_in, l_in, syn = npair_synthesis(z, labels, (a, p), lam)
         i, _, n = syn
         return (a[i], p[i], p[(n - len(a)) % len(a)]), z_in, l_in, syn
-    real = trainer.miner(z, labels) if trainer.miner is not None else random_triplets(labels, self.rng)
+    if self.triplet_batches:   # the batch is consecutive (anchor, positive, negative) triples
+        i = torch.arange(0, len(labels) - len(labels) % 3, 3, device=labels.device); real = (i, i + 1, i + 2)
+    else: real = trainer.miner(z, labels) if trainer.miner is not None else random_triplets(labels, self.rng)
     if len(real) == 4: real = to_triplets(real, labels)
     return real, *triplet_synthesis(z, labels, real, lam)
 
@@ -232,6 +253,7 @@ def objectives(self: HDML, trainer, images, labels) -> dict:
     y, labels = trainer.gather(y, labels)[0], glabels            # features too: J_recon and J_soft are batch means
     real, z_in, l_in, syn = self.tuples(trainer, z, labels, lam)
     j_real = trainer.loss_fn(z, labels, real)
+    if not self.synthesize: return dict(lam=1.0, weight=1.0, j_real=j_real, j_metric=j_real)   # the baseline
     y_all = self.generator(torch.cat([z, z_in]))
     y_rec, y_syn = y_all[:len(z)], y_all[len(z):]
     z_syn = trainer.model.head(y_syn)
@@ -241,7 +263,7 @@ def objectives(self: HDML, trainer, images, labels) -> dict:
     j_soft = F.cross_entropy(self.classifier(y_syn), l_in) if len(l_in) else y_syn.sum() * 0
     return dict(lam=lam, weight=w, j_real=j_real, j_syn=j_syn, j_metric=metric_objective(j_real, j_syn, w),
                 j_recon=j_recon, j_soft=j_soft,
-                j_gen=generator_objective(j_recon, j_soft, self.gen_lambda, self.recon, self.softmax),
+                j_gen=generator_objective(j_recon, j_soft, self.gen_lambda, self.recon, self.softmax, self.recon_weight),
                 j_ce=F.cross_entropy(self.classifier(y.detach()), labels))
 
 # %% ../../nbs/21_methods.hdml.ipynb #076e13d3
@@ -253,6 +275,10 @@ def _grads_to(loss, params, retain: bool):
 def training_step(self: HDML, trainer, images, labels) -> dict:
     "One HDML iteration: J_metric -> backbone and projector, J_gen -> generator, softmax loss -> softmax layer."
     o = self.objectives(trainer, images, labels)
+    if not self.synthesize:   # the baseline: one step of the metric on the real tuples
+        trainer.optimizer.zero_grad(); o["j_metric"].backward(); trainer.optimizer.step()
+        self.j_avg.update(o["j_real"].item())
+        return {k: (v.item() if torch.is_tensor(v) else float(v)) for k, v in o.items()} | {"loss": o["j_metric"].item()}
     _grads_to(o["j_metric"], [p for g in trainer.optimizer.param_groups for p in g["params"] if p.requires_grad], True)
     _grads_to(o["j_gen"], list(self.generator.parameters()), True)
     _grads_to(o["j_ce"], list(self.classifier.parameters()), False)
@@ -277,16 +303,17 @@ def set_extra_state(self: HDML, state: dict):
     self._pending = None
 
 # %% ../../nbs/21_methods.hdml.ipynb #5d0868e8
-_paper = dict(backbone="googlenet", pretrained=True, embedding_dim=128, normalize=False, lr_backbone=7e-5, lr_head=7e-5,
-              weight_decay=5e-3, epochs=120, method="hdml")
-_paper_hdml = dict(beta=1e4, gen_lambda=1e4, lr_gen=1e-2, lr_softmax=1e-3, window=64, hidden=512)
+_paper = dict(backbone="googlenet", pretrained=True, embedding_dim=512, normalize=False, lr_backbone=1e-4, lr_head=1e-3,
+              transform="retrieval227", weight_decay=5e-3, epochs=120, method="hdml")      # Sec. 4.1; weight decay: official
+_paper_hdml = dict(beta=1e4, gen_lambda=0.5, lr_gen=1e-3, lr_softmax=1e-3, window=64, hidden=512)   # Sec. 4.1; window: official
 HDML.presets = {
-    "paper_triplet": _paper | dict(loss="triplet", loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"),
-                                   batch_size=120, m_per_class=4, method_kwargs=_paper_hdml | dict(pulling_factor=7.0)),
+    "paper_triplet": _paper | dict(loss="triplet", loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"), batch_size=120,
+                                   method_kwargs=_paper_hdml | dict(pulling_factor=7.0, triplet_batches=True)),
     "paper_npair": _paper | dict(loss="npair", loss_kwargs=dict(l2_reg=3e-3 / 4), batch_size=128, m_per_class=2,
                                  method_kwargs=_paper_hdml | dict(pulling_factor=90.0)),
 }
-for _name, _kw in [("no_softmax", dict(softmax=False)), ("no_recon", dict(recon=False)), ("alpha0", dict(pulling_factor=0.0))]:
+for _name, _kw in [("no_softmax", dict(softmax=False)), ("no_recon", dict(recon=False)), ("alpha0", dict(pulling_factor=0.0)),
+                   ("baseline", dict(synthesize=False))]:
     for _loss in ("triplet", "npair"):
         _p = HDML.presets[f"paper_{_loss}"]
         HDML.presets[f"paper_{_loss}_{_name}"] = _p | dict(method_kwargs=_p["method_kwargs"] | _kw)

@@ -14,6 +14,7 @@ from fastcore.basics import patch
 from ..distances import euclidean, check_batch
 from ..metrics import evaluate
 from ..registry import METHODS, DATASETS
+from ..data.core import LabelledSubset, build_split
 from .base import Method
 from ..distributed import broadcast_object
 from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward
@@ -250,21 +251,25 @@ def setup(self: PADS, trainer):
     "Hold out the validation images (embedded with the evaluation transform) and set the initial distribution."
     self.distribution.set_probs(init_probs(self.init, self.distribution.centers, dim=trainer.model.embedding_dim))
     self.trajectory = [self.distribution.probs.tolist()]
-    self.policy_opt = self.learner.optimizer   # a direct attribute: the trainer averages its gradients under torchrun
     if not self.adapt: return
     ds = trainer.train_ds
     tr, va = validation_split(ds.labels, self.val_fraction, self.val_by_class, self.seed)
     by_class = len(np.intersect1d(np.asarray(ds.labels)[tr], np.asarray(ds.labels)[va])) == 0
-    from dml_book.train import LabelledSubset, _build_split
     trainer.train_ds = LabelledSubset(ds, tr, relabel=by_class)
     _, va_base = _unwrap(ds, va)
-    self.val_ds = LabelledSubset(_build_split(trainer.cfg, "train", False), va_base, relabel=True)   # no augmentation
+    self.val_ds = LabelledSubset(build_split(trainer.cfg, "train", False), va_base, relabel=True)   # no augmentation
     if max(self.recall_ks) >= len(self.val_ds):
         raise ValueError(f"recall_ks {self.recall_ks} need more than {max(self.recall_ks)} validation images; "
                          f"the reward split has {len(self.val_ds)}: lower recall_ks or raise val_fraction")
 @patch
 def param_groups(self: PADS, trainer) -> list[dict]: return []  # the policy has its own optimiser
 
+
+# %% ../../nbs/23_methods.pads.ipynb #d83dd724
+@patch
+def optimizers(self: PADS) -> list[torch.optim.Optimizer]:
+    "The policy's optimiser."
+    return [self.learner.optimizer]
 
 # %% ../../nbs/23_methods.pads.ipynb #44c94fc6
 @patch
@@ -337,14 +342,15 @@ def end_epoch(self: PADS, trainer, epoch: int) -> dict:
     return {"pads_probs": self.distribution.probs.tolist(), "policy_steps": len(self.trajectory) - 1}
 
 # %% ../../nbs/23_methods.pads.ipynb #2adf690a
-def _paper(dataset, beta, m_per_class, epochs, update_every=30, fraction=0.15, by_class=False, ks=(1, 2, 4, 8)):
+def _paper(dataset, beta, m_per_class, epochs, decay_at, update_every=30, fraction=0.15, by_class=False, ks=(1, 2, 4, 8)):
     return dict(dataset=dataset, backbone="resnet50", pretrained=True, embedding_dim=128, batch_size=112, m_per_class=m_per_class,
+                freeze_bn=True, lr_schedule="multistep", lr_milestones=(decay_at,), lr_gamma=0.3,   # the official runs
                 loss="margin", loss_kwargs=dict(margin=0.2, beta=beta, learn_beta=True, per_class=True, beta_lr=5e-4),
                 lr_backbone=1e-5, lr_head=1e-5, weight_decay=4e-4, epochs=epochs, method="pads", ks=ks,
                 method_kwargs=dict(update_every=update_every, val_fraction=fraction, val_by_class=by_class, init="uniform_low",
                                    recall_ks=ks, self_regularization=True))
-PADS.presets = {"cub200": _paper("cub200", 0.6, 2, 300), "cars196": _paper("cars196", 0.6, 4, 300),
-                "sop": _paper("sop", 1.2, 2, 120, update_every=60, fraction=0.1, by_class=True, ks=(1, 10, 100, 1000))}
+PADS.presets = {"cub200": _paper("cub200", 0.6, 2, 300, 150), "cars196": _paper("cars196", 0.6, 4, 300, 140),
+                "sop": _paper("sop", 1.2, 2, 120, 80, update_every=60, fraction=0.1, by_class=True, ks=(1, 10, 100, 1000))}
 
 
 # %% ../../nbs/23_methods.pads.ipynb #c6a43503

@@ -1,0 +1,46 @@
+"The built wheel is enough to run an experiment: notebooks, params and published figures ship inside the package."
+import json, os, subprocess, sys, zipfile
+from pathlib import Path
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    "The wheel built from this tree (no build isolation: no download), unpacked with pip into a folder of its own."
+    d = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(d/"whl"), str(ROOT)],
+                   check=True, capture_output=True, cwd=d)
+    wheel, = (d/"whl").glob("dml_book-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(d/"site"), str(wheel)],
+                   check=True, capture_output=True)
+    return wheel, d/"site"
+
+
+def test_wheel_ships_experiments_params_and_published_figures(installed):
+    wheel, _ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for nb in (ROOT/"nbs"/"experiments").glob("*.ipynb"):
+        if not nb.name.startswith("_"): assert f"dml_book/_experiments/{nb.name}" in names
+    for p in (ROOT/"params").glob("*.yaml"): assert f"dml_book/_experiments/params/{p.name}" in names
+    for c in (ROOT/"nbs"/"experiments"/"published").glob("*.csv"): assert f"dml_book/_experiments/published/{c.name}" in names
+    assert "dml_book/inference.py" in names and "dml_book/cli.py" in names
+
+
+@pytest.mark.slow
+def test_installed_wheel_runs_an_experiment_outside_a_clone(installed, tmp_path):
+    "From an empty folder, with only the installed copy importable, `dml-book experiment train_eval` runs."
+    _, site = installed
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    where = subprocess.run([sys.executable, "-c", "import dml_book, dml_book.results as r; print(dml_book.__file__); print(r.experiments_dir())"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout.split()
+    assert where[0].startswith(str(site)) and where[1] == str(site/"dml_book"/"_experiments"), where
+    r = subprocess.run([sys.executable, "-m", "dml_book.cli", "experiment", "train_eval", "--no-progress", "-p", "epochs", "1",
+                        "-p", "max_steps_per_epoch", "2", "-p", "seeds", "[0]", "-p", "umap", "false"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    executed = tmp_path/"runs"/"experiments"/"train_eval"/"train_eval.ipynb"
+    meta = json.loads(executed.read_text())["metadata"]["papermill"]
+    assert meta["input_path"] == str(site/"dml_book"/"_experiments"/"train_eval.ipynb")   # the wheel's own notebook
+    assert list((tmp_path/"runs").rglob("metrics.json"))
