@@ -106,6 +106,13 @@ BAD_SETTINGS = {  # field: (command-line flags, a fragment of the one-line error
     "num_workers": (["--num-workers", "-1"], "num_workers=-1 is invalid"),
     "progress": (["--config", "{tmp}/p.yaml"], "progress=3 is invalid"),
     "umap": (["--config", "{tmp}/u.yaml"], "umap='no' is invalid"),
+    "optimizer": (["--optimizer", "adagrad"], "optimizer='adagrad' is invalid"),
+    "lr_schedule": (["--lr-schedule", "cosine"], "lr_schedule='cosine' is invalid"),
+    "lr_step_size": (["--lr-step-size", "0"], "lr_step_size=0 is invalid"),
+    "lr_milestones": (["--lr-milestones", "0"], "lr_milestones="),
+    "lr_gamma": (["--lr-gamma", "nan"], "lr_gamma=nan is invalid"),
+    "lr_step_per": (["--lr-step-per", "batch"], "lr_step_per='batch' is invalid"),
+    "freeze_bn": (["--config", "{tmp}/f.yaml"], "freeze_bn=2 is invalid"),
 }
 
 
@@ -119,7 +126,7 @@ def test_every_field_has_a_bad_setting():
 def test_a_bad_setting_is_one_line_and_exit_2(name, tmp_path, capsys):
     from dml_book.cli import main
     (tmp_path/"c.yaml").write_text("normalize: 'yes'\n"); (tmp_path/"p.yaml").write_text("progress: 3\n")
-    (tmp_path/"u.yaml").write_text("umap: 'no'\n")
+    (tmp_path/"u.yaml").write_text("umap: 'no'\n"); (tmp_path/"f.yaml").write_text("freeze_bn: 2\n")
     flags, fragment = BAD_SETTINGS[name]
     out = [] if "--out" in flags else ["--out", str(tmp_path/"run")]
     quiet = [f for f in ("--no-umap", "--no-progress") if f[5:] != name]   # a flag would override the file's bad value
