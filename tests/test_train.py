@@ -88,7 +88,7 @@ def test_lr_schedule_follows_torch_and_resumes_exactly_mid_schedule(tmp_path, on
 
 def test_bad_lr_schedule_is_named(tmp_path):
     from dml_book.train import Trainer, ConfigError
-    with pytest.raises(ConfigError, match="unknown lr_schedule 'cosine'"):
+    with pytest.raises(ConfigError, match="lr_schedule='cosine' is invalid: expected constant, step, multistep or exponential"):
         Trainer(**{**SCHED, "lr_schedule": "cosine"}, out=str(tmp_path))
 
 
