@@ -13,43 +13,12 @@ import numpy as np, torch
 from torch import nn
 from PIL import Image
 from .registry import DATASETS
-from .data.core import build_split
+from .data.core import build_split, preprocessing_spec
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
 
 # %% auto #0
-__all__ = ['IMAGE_SUFFIXES', 'preprocessing_spec', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel',
-           'load_run', 'image_files', 'embed', 'evaluate_run', 'save_embeddings']
-
-# %% ../nbs/12_inference.ipynb #b5a998da
-def _spec_from_pipeline(tf) -> dict:
-    "The spec of a deterministic torchvision evaluation pipeline (Resize, CenterCrop, ToTensor, Normalize)."
-    from torchvision import transforms as T
-    spec = dict(mode="RGB", resize=None, center_crop=None, mean=None, std=None, interpolation="bilinear")
-    for t in getattr(tf, "transforms", [tf]):
-        if isinstance(t, T.Resize):
-            spec["resize"] = list(t.size) if isinstance(t.size, (list, tuple)) else int(t.size)
-            spec["interpolation"] = t.interpolation.value
-        elif isinstance(t, T.CenterCrop): spec["center_crop"] = list(t.size)
-        elif isinstance(t, T.Normalize): spec["mean"], spec["std"] = [float(v) for v in t.mean], [float(v) for v in t.std]
-        elif not isinstance(t, T.ToTensor):
-            raise ConfigError(f"cannot record the evaluation step {type(t).__name__}: only Resize, CenterCrop, ToTensor, Normalize")
-    return spec
-
-# %% ../nbs/12_inference.ipynb #820dfb64
-def preprocessing_spec(cfg: TrainConfig, # the run's configuration
-                       sample: torch.Tensor|None = None, # one (C, H, W) item of the data (built-in data: read from it when None)
-                      ) -> dict:
-    "The run's evaluation preprocessing as a JSON-able dict (see the table above)."
-    _load_registries()
-    cls = DATASETS.get(cfg.dataset)
-    tf = cls.default_transform(False)
-    if tf is not None and cfg.transform is not None:
-        from dml_book.data.transforms import get_transform
-        tf = get_transform(cfg.transform, False)
-    if tf is not None: return _spec_from_pipeline(tf)
-    if sample is None: sample = build_split(cfg, "train", False)[0][0]
-    c, h, w = sample.shape
-    return dict(mode="L" if c == 1 else "RGB", resize=[h, w], center_crop=None, mean=None, std=None, interpolation="bilinear")
+__all__ = ['IMAGE_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel', 'load_run', 'image_files',
+           'embed', 'evaluate_run', 'save_embeddings']
 
 # %% ../nbs/12_inference.ipynb #7a11afbb
 def open_image(path, mode: str = "RGB") -> Image.Image:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
 from .registry import DATASETS, LOSSES, MINERS, METHODS
-from .data.core import LabelledSubset, build_split
+from .data.core import LabelledSubset, build_split, preprocessing_spec
 from .models import build_model
 from .methods.base import Method
 from .samplers import ClassBalancedBatchSampler
@@ -333,7 +333,6 @@ def _prepare_out(out: Path):
 def _record_preprocessing(self: Trainer):
     "Write `preprocessing.json`: how `dml_book.inference.load_run` will read images for this run's network."
     if (self.out/"preprocessing.json").exists(): return
-    from dml_book.inference import preprocessing_spec
     (self.out/"preprocessing.json").write_text(json.dumps(preprocessing_spec(self.cfg, self.train_ds[0][0])))
 
 def lock_out(out: Path):

@@ -19,7 +19,7 @@ from .transforms import get_transform
 
 # %% auto #0
 __all__ = ['DatasetNotFoundError', 'ImageReadError', 'load_image', 'find_root', 'check_files', 'ImageFileDataset',
-           'LabelledSubset', 'build_split']
+           'LabelledSubset', 'build_split', 'preprocessing_spec']
 
 # %% ../../nbs/01d_data.core.ipynb #87877b07
 class DatasetNotFoundError(FileNotFoundError):
@@ -164,3 +164,33 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
         transform = get_transform(cfg.transform, train)
     return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
 
+
+# %% ../../nbs/01d_data.core.ipynb #b4c8ee29
+def _spec_from_pipeline(tf) -> dict:
+    "The spec of a deterministic torchvision evaluation pipeline (Resize, CenterCrop, ToTensor, Normalize)."
+    from torchvision import transforms as T
+    spec = dict(mode="RGB", resize=None, center_crop=None, mean=None, std=None, interpolation="bilinear")
+    for t in getattr(tf, "transforms", [tf]):
+        if isinstance(t, T.Resize):
+            spec["resize"] = list(t.size) if isinstance(t.size, (list, tuple)) else int(t.size)
+            spec["interpolation"] = t.interpolation.value
+        elif isinstance(t, T.CenterCrop): spec["center_crop"] = list(t.size)
+        elif isinstance(t, T.Normalize): spec["mean"], spec["std"] = [float(v) for v in t.mean], [float(v) for v in t.std]
+        elif not isinstance(t, T.ToTensor):
+            raise ConfigError(f"cannot record the evaluation step {type(t).__name__}: only Resize, CenterCrop, ToTensor, Normalize")
+    return spec
+
+# %% ../../nbs/01d_data.core.ipynb #0edd7dec
+def preprocessing_spec(cfg, # the run's `TrainConfig` (its dataset registered: `import dml_book.data`)
+                       sample: torch.Tensor|None = None, # one (C, H, W) item of the data (built-in data: read from it when None)
+                      ) -> dict:
+    "The run's evaluation preprocessing as a JSON-able dict (see the table above)."
+    cls = DATASETS.get(cfg.dataset)
+    tf = cls.default_transform(False)
+    if tf is not None and cfg.transform is not None:
+        from dml_book.data.transforms import get_transform
+        tf = get_transform(cfg.transform, False)
+    if tf is not None: return _spec_from_pipeline(tf)
+    if sample is None: sample = build_split(cfg, "train", False)[0][0]
+    c, h, w = sample.shape
+    return dict(mode="L" if c == 1 else "RGB", resize=[h, w], center_crop=None, mean=None, std=None, interpolation="bilinear")
