@@ -23,31 +23,41 @@ class UnknownNameError(ValueError):
 class Registry:
     "Map short names to classes or factories, with errors that list the choices."
     def __init__(self, kind: str): # what the registry holds, e.g. "loss"
-        self.kind, self._items = kind, {}
+        self.kind, self._items, self._chapter = kind, {}, {}   # the package's objects; a running notebook's own
 
     def register(self, name: str) -> Callable:
         "Decorator that files an object under `name`."
         def deco(obj):
-            old = self._items.get(name, obj)
+            old = self._items.get(name) or self._chapter.get(name) or obj
             if getattr(old, "__qualname__", None) != getattr(obj, "__qualname__", None):
                 raise ValueError(f"{self.kind} {name!r} is registered twice ({old!r} and {obj!r})")
-            in_notebook = lambda o: getattr(o, "__module__", None) == "__main__"
-            if not (in_notebook(old) and not in_notebook(obj)): self._items[name] = obj   # a chapter's (re)definition wins
+            (self._chapter if getattr(obj, "__module__", None) == "__main__" else self._items)[name] = obj
             return obj
         return deco
+
+def _bound_in_running_notebook(obj) -> bool:
+    "Whether the interactive namespace now running (a notebook's, or `__main__`'s) binds `obj` under its own name."
+    import sys
+    try: from IPython import get_ipython
+    except ImportError: get_ipython = lambda: None
+    shell = get_ipython()
+    ns = shell.user_ns if shell is not None else vars(sys.modules["__main__"])
+    return ns.get(getattr(obj, "__name__", None)) is obj
 
 # %% ../nbs/00_registry.ipynb #44193a8d
 @patch
 def get(self: Registry, name: str):
     "The object filed under `name`; an `UnknownNameError` naming the choices otherwise."
+    mine = self._chapter.get(name)
+    if mine is not None and (name not in self._items or _bound_in_running_notebook(mine)): return mine
     try: return self._items[name]
     except KeyError:
-        raise UnknownNameError(f"unknown {self.kind} {name!r}; choose from: {', '.join(sorted(self._items))}") from None
+        raise UnknownNameError(f"unknown {self.kind} {name!r}; choose from: {', '.join(self.names())}") from None
 
 @patch
-def names(self: Registry) -> list[str]: "Registered names, sorted."; return sorted(self._items)
+def names(self: Registry) -> list[str]: "Registered names, sorted."; return sorted({*self._items, *self._chapter})
 @patch
-def __contains__(self: Registry, name: str) -> bool: return name in self._items
+def __contains__(self: Registry, name: str) -> bool: return name in self._items or name in self._chapter
 @patch
 def __repr__(self: Registry) -> str: return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
