@@ -21,7 +21,7 @@ from .results import ExperimentError, run_experiment
 # %% auto #0
 __all__ = ['CLI_DEFAULTS', 'LISTS', 'USER_ERRORS', 'choices', 'parser', 'results_table', 'evaluate_command', 'embed_command',
            'index_command', 'search_command', 'catalogue', 'list_command', 'read_config_file', 'dataset_defaults',
-           'train_command', 'experiment_command', 'main']
+           'train_command', 'experiment_command', 'one_line', 'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
@@ -246,6 +246,11 @@ def experiment_command(args) -> int:
     print(f"executed notebook: {executed}\nresults: {executed.parent}/")
     return 0
 
+def one_line(message: str) -> str:
+    "A multi-line error message (a dataset's layout, say) as one line: lines joined by '; ', or a space after a colon."
+    parts = [l.strip() for l in message.splitlines() if l.strip()]
+    return "".join(p if i == 0 else (" " if parts[i-1].endswith(":") else "; ") + p for i, p in enumerate(parts))
+
 def main(argv=None) -> int:
     "Entry point of the `dml-book` command."
     args = parser().parse_args(argv)
@@ -253,7 +258,7 @@ def main(argv=None) -> int:
                 "embed": embed_command, "index": index_command, "search": search_command, "list": list_command}
     try: return commands[args.command](args)
     except USER_ERRORS as e:
-        sys.stderr.write(f"dml-book: error: {e}\n")   # one write: the ranks of a torchrun job do not interleave
+        sys.stderr.write(f"dml-book: error: {one_line(str(e))}\n")   # one write: the ranks of a torchrun job do not interleave
         return 2
 
 # %% ../nbs/10_cli.ipynb #ceb89ddc

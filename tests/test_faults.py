@@ -201,3 +201,19 @@ def test_two_runs_cannot_share_an_output_folder(tmp_path):
     finally: holder.kill(); holder.wait()
     from dml_book.train import lock_out
     lock_out(tmp_path/"run").close()                         # free again once the holder is gone (even by SIGKILL)
+
+
+def test_a_missing_dataset_is_one_line_naming_where_it_looked_and_how_to_fetch(tmp_path, capsys):
+    from dml_book.cli import main
+    argv = ["train", "--dataset", "cub200", "--data-root", str(tmp_path/"nowhere"), "--no-umap", "--no-progress",
+            "--out", str(tmp_path/"run")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dml-book: error: CUB200: expected ") and err.count("\n") == 1, err
+    assert str(tmp_path/"nowhere"/"CUB_200_2011"/"images.txt") in err and "the layout is: CUB_200_2011/{images.txt" in err
+    assert """--dataset-kwargs '{"download": true}'""" in err
+
+
+def test_one_line_joins_a_layout_after_its_colon():
+    from dml_book.cli import one_line
+    assert one_line("missing x; the layout is:\n  a/{b, c}\npass download=True") == "missing x; the layout is: a/{b, c}; pass download=True"

@@ -74,8 +74,9 @@ class NonFiniteError(ValueError):
     "An embedding with NaN or infinite entries: a loss or miner refuses it rather than return a finite value."
 
 def check_finite(embeddings: Tensor, what: str = "embeddings"):
-    "One fused `isfinite` over the batch; the error names the first bad row."
-    if not torch.isfinite(embeddings).all():
+    """One reduction over the batch (a sum is finite unless an entry is NaN or infinite, or it overflows, which the full
+    check then clears); the error names the first bad row."""
+    if not torch.isfinite(embeddings.detach().sum()) and not torch.isfinite(embeddings).all():
         row = int((~torch.isfinite(embeddings)).any(1).nonzero()[0])
         raise NonFiniteError(f"{what} row {row} is not finite (NaN or inf); a loss of it would hide the NaN in its gradient")
 
