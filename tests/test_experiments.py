@@ -115,7 +115,7 @@ def test_run_grid_launches_each_run_under_torchrun(tmp_path):
     assert set(df.variant) == {"baseline"} and df.value.map(math.isfinite).all()
     with pytest.raises(ExperimentError, match="exited with") as e:   # a failing run: its own error, in the output tail
         run_grid({"bad": TrainConfig(dataset="digits", batch_size=64, m_per_class=8)}, out_dir=tmp_path, nproc_per_node=2)
-    assert "a batch of 64 x 2 process(es) with m_per_class=8 needs 16 classes but the labels have only 5\n" in str(e.value)
+    assert "a batch of 64 x 2 process(es) with m_per_class=8 needs 16 classes but the labels have only 5; set --batch-size" in str(e.value)
 
 
 def test_dmml_experiment_reports_reid_metrics_on_the_market1501_layout(tmp_path):
