@@ -18,7 +18,7 @@ from dml_book.train import Trainer, TrainConfig
 
 
 def trainer(backbone: str, method: str, method_kwargs: dict | None = None):
-    "A real `Trainer` (its model, loss, optimiser with the paper's learning rates); we drive its method by hand."
+    "A real `Trainer` (its model, loss, optimiser with the paper's learning rates); we drive its steps by hand."
     return Trainer(TrainConfig(dataset="glyphs", backbone=backbone, embedding_dim=64, loss="triplet", method=method,
                                method_kwargs=method_kwargs or {}, m_per_class=5, batch_size=120, lr_backbone=1e-4,
                                lr_head=1e-3, seed=0, device="cpu", out=tempfile.mkdtemp()))
@@ -32,12 +32,11 @@ def bench(backbone: str, step: str, iters: int, ds) -> dict:
     episodes = iter(EpisodeSampler(ds.labels, 100, 20, 5, episodes_per_epoch=iters + 2))
     batches = [[torch.stack([ds[i][0] for i in ep]), torch.as_tensor(ds.labels[ep])] for ep in episodes]
     ala_tr, base_tr = trainer(backbone, "ala", dict(step=step)), trainer(backbone, "baseline")
-    ala, base = ala_tr.method, base_tr.method
     t_ala, t_120, t_100 = [], [], []
     for i, (x, y) in enumerate(batches):
-        a = timed(lambda: ala.training_step(ala_tr, x, y))
-        b = timed(lambda: base.training_step(base_tr, x, y))
-        c = timed(lambda: base.training_step(base_tr, x[:100], y[:100]))
+        a = timed(lambda: ala_tr.training_step(x, y))
+        b = timed(lambda: base_tr.training_step(x, y))
+        c = timed(lambda: base_tr.training_step(x[:100], y[:100]))
         if i >= 2: t_ala.append(a); t_120.append(b); t_100.append(c)    # two warm-up iterations
     med = statistics.median
     return dict(backbone=backbone, step=step, ala=med(t_ala), base120=med(t_120), base100=med(t_100))

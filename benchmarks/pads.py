@@ -49,12 +49,12 @@ def main():
         def run_pads():
             out = []
             for x, y in data:
-                t0 = time.perf_counter(); logs = pads.method.training_step(pads, x, y); out.append(time.perf_counter() - t0)
+                t0 = time.perf_counter(); logs = pads.training_step(x, y); out.append(time.perf_counter() - t0)
             return out, logs
         def run_base():
             out = []
             for x, y in data:
-                t0 = time.perf_counter(); base.method.training_step(base, x, y); out.append(time.perf_counter() - t0)
+                t0 = time.perf_counter(); base.training_step(x, y); out.append(time.perf_counter() - t0)
             return out
         if b % 2: tb = run_base(); tp, logs = run_pads()                  # alternate the order: no first-mover bias
         else: (tp, logs), tb = run_pads(), run_base()

@@ -370,6 +370,28 @@ def fit(self: Trainer) -> dict:
     finally:
         if lock is not None: lock.close()
 
+# %% ../nbs/08_train.ipynb #ff89e3fd
+@patch
+def training_step(self: Trainer, images: torch.Tensor, # this process's batch, on `device`
+                  labels: torch.Tensor) -> dict: # its labels
+    "One iteration: the method's `custom_step`, or zero_grad, backward and step of the main optimiser on its `batch_loss`."
+    m = self.method
+    logs = m.custom_step(self, images, labels)
+    if logs is None:
+        out = m.batch_loss(self, images, labels)
+        out = out if isinstance(out, dict) else {"loss": out}
+        self.optimizer.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        self.optimizer.step()
+        logs = {k: v.item() if torch.is_tensor(v) else v for k, v in out.items()}
+    return logs | m.after_step(self, logs)
+
+@patch(as_prop=True)
+def steps_per_epoch(self: Trainer) -> int:
+    "Iterations in an epoch: the sampler's batches, at most `max_steps_per_epoch`."
+    n = len(self.loader)
+    return n if self.cfg.max_steps_per_epoch is None else min(n, self.cfg.max_steps_per_epoch)
+
 # %% ../nbs/08_train.ipynb #8dfe3585
 class TrainingDiverged(RuntimeError):
     "A training step produced a NaN or infinite loss or gradient; the last epoch's checkpoint is untouched."
@@ -392,12 +414,12 @@ def run_epoch(self: Trainer) -> dict:
     "One epoch of training; returns the epoch's summary (mean loss, the method's values, test metrics when due)."
     cfg, e = self.cfg, self.epoch
     seed_everything(cfg.seed, e); self.sampler.set_epoch(e); self.model.train(); self.method.train()
-    n = len(self.loader) if cfg.max_steps_per_epoch is None else min(len(self.loader), cfg.max_steps_per_epoch)
+    n = self.steps_per_epoch
     losses, t0 = [], time.perf_counter()
     batches = progress_bar(self.loader, total=n, leave=False) if cfg.progress else self.loader
     for i, (x, y) in enumerate(batches):
         if i >= n: break
-        try: logs = self.method.training_step(self, x.to(self.device), y.to(self.device)); self.step += 1
+        try: logs = self.training_step(x.to(self.device), y.to(self.device)); self.step += 1
         except NonFiniteError as err: raise self.diverged(e, self.step + 1, losses, str(err)) from None
         self.check_step_finite(e, logs, losses)
         if self.scheduler and cfg.lr_step_per == "iteration": self.scheduler.step()

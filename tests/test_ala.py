@@ -12,6 +12,7 @@ from dml_book.losses import ContrastiveLoss, MarginLoss, TripletLoss
 from dml_book.methods.ala import ALA, Assessor, meta_objective, tuple_embeddings, weighted_sum
 from dml_book.models import EmbeddingNet
 from dml_book.registry import METHODS
+from dml_book.train import Trainer
 
 
 def _meta_grad_check(head, dtype=torch.float64, seed=0, lrs=0.5):
@@ -90,13 +91,13 @@ def test_iteration_is_one_plain_step_with_the_updated_assessor(step, loss):
     assert method.arity == (2 if loss == "contrastive" else 3)
     x, y = _episode()
     # two warm-up iterations so that the LSTM state, Adam moments and the generator are not at their initial values
-    for s in (1, 2): method.training_step(tr, *_episode(seed=s))
+    for s in (1, 2): Trainer.training_step(tr, *_episode(seed=s))
     model0, opt_state0, loss0 = copy.deepcopy(tr.model), copy.deepcopy(tr.optimizer.state_dict()), copy.deepcopy(tr.loss_fn)
     state0, gen0 = method.state, method.generator.get_state()
     assessor0 = copy.deepcopy(method.assessor)
     param_ids = [id(p) for p in tr.model.parameters()]
 
-    out = method.training_step(tr, x, y)
+    out = Trainer.training_step(tr, x, y)
 
     # the manual computation: same tuples (replayed generator), the *updated* assessor, one step of a copy of the optimiser
     replay = ALA(n_train=8, n_val=4, max_tuples=20); replay.arity = method.arity; replay.generator.set_state(gen0)
@@ -127,7 +128,7 @@ def test_batchnorm_statistics_see_only_the_real_forward(step):
     x, y = _episode()
     ref = copy.deepcopy(tr.model.backbone)
     ref(x[:8])                                      # the one forward of the original metric on the training subset
-    method.training_step(tr, x, y)
+    Trainer.training_step(tr, x, y)
     torch.testing.assert_close(tr.model.backbone[2].running_mean, ref[2].running_mean)
     torch.testing.assert_close(tr.model.backbone[2].running_var, ref[2].running_var)
 
@@ -136,14 +137,14 @@ def test_resumed_run_equals_uninterrupted():
     def fresh():
         tr = _trainer(); return tr, _setup(tr)
     tr, m = fresh()
-    for s in range(3): m.training_step(tr, *_episode(seed=s))
+    for s in range(3): Trainer.training_step(tr, *_episode(seed=s))
     tr2, m2 = fresh()
-    m2.training_step(tr2, *_episode(seed=0))
+    Trainer.training_step(tr2, *_episode(seed=0))
     ckpt = copy.deepcopy({"model": tr2.model.state_dict(), "opt": tr2.optimizer.state_dict(), "method": m2.state_dict()})
     tr3, m3 = fresh()                               # a new process: everything rebuilt, then loaded
     tr3.model.load_state_dict(ckpt["model"]); tr3.optimizer.load_state_dict(ckpt["opt"]); m3.load_state_dict(ckpt["method"])
     assert m3.state is not None and torch.equal(m3.state[0], m2.state[0])
-    for s in (1, 2): m3.training_step(tr3, *_episode(seed=s))
+    for s in (1, 2): Trainer.training_step(tr3, *_episode(seed=s))
     for p, q in zip(tr.model.parameters(), tr3.model.parameters()): torch.testing.assert_close(p, q, rtol=0, atol=0)
     for p, q in zip(m.assessor.parameters(), m3.assessor.parameters()): torch.testing.assert_close(p, q, rtol=0, atol=0)
 
@@ -152,7 +153,7 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match="step must be 'head' or 'all'"): ALA(step="backbone")
     with pytest.raises(ValueError, match="meta_steps must be an integer >= 1"): ALA(meta_steps=0)
     tr = _trainer(); method = _setup(tr)
-    with pytest.raises(ValueError, match="n_train \\+ n_val = 12 images"): method.training_step(tr, *(t[:10] for t in _episode()))
+    with pytest.raises(ValueError, match="n_train \\+ n_val = 12 images"): Trainer.training_step(tr, *(t[:10] for t in _episode()))
 
 
 def test_registered_with_paper_presets():
@@ -218,7 +219,7 @@ def test_the_meta_gradient_is_far_above_adams_eps(lr_head, loss):
     method = ALA(n_train=8, n_val=4, meta_steps=1, max_tuples=20, hidden_size=8); method.setup(tr)
     tr.method, tr.optimizer = method, _optimizer(tr.model, tr.cfg)
     before = [p.detach().clone() for p in method.assessor.parameters()]
-    method.training_step(tr, *_episode(seed=3))
+    Trainer.training_step(tr, *_episode(seed=3))
     moved = torch.cat([(p.detach() - b).abs().flatten() for p, b in zip(method.assessor.parameters(), before)])
     assert moved.median() > 0.5 * method.assessor_lr, moved.median()
     grads = torch.cat([st["exp_avg_sq"].sqrt().flatten() / 0.0316 for st in method.assessor_opt.state.values()])  # |g| of step 1
@@ -230,7 +231,7 @@ def test_the_baseline_takes_the_same_episode_and_tuples_unweighted():
     tr = _trainer(); method = _setup(tr, assess=False)
     x, y = _episode()
     model0, gen0 = copy.deepcopy(tr.model), method.generator.get_state()
-    out = method.training_step(tr, x, y)
+    out = Trainer.training_step(tr, x, y)
     replay = ALA(n_train=8, n_val=4, max_tuples=20); replay.arity = 3; replay.generator.set_state(gen0)
     emb = model0(x[:8]); t = replay._tuples(tr, emb, y[:8])
     opt = _optimizer(model0, tr.cfg); opt.zero_grad(); weighted_sum(TripletLoss(margin=0.5), emb, y[:8], t).backward(); opt.step()

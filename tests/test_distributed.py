@@ -31,11 +31,11 @@ def one_step(rank: int, world: int, setup: str, out: str):
     start = [p.detach().clone() for p in [*model.parameters(), *loss_fn.parameters()]]
     opt = torch.optim.SGD([*model.parameters(), *loss_fn.parameters()], lr=0.5)
     if world > 1: sync_optimizer(opt)
-    trainer = SimpleNamespace(model=model, loss_fn=loss_fn, miner=miner, optimizer=opt,
+    trainer = SimpleNamespace(model=model, loss_fn=loss_fn, miner=miner, optimizer=opt, method=Baseline(),
                               gather=gather_batch if world > 1 else (lambda z, l: (z, l)))
     share = slice(rank * 16 // world, (rank + 1) * 16 // world)
     torch.manual_seed(1)   # the miner's draws
-    logs = Baseline().training_step(trainer, x[share], y[share])
+    logs = Trainer.training_step(trainer, x[share], y[share])
     torch.save(dict(loss=logs["loss"], start=start, params=[p.detach().clone() for p in [*model.parameters(), *loss_fn.parameters()]]),
                f"{out}/{setup}-{world}-{rank}.pt")
 

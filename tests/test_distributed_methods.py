@@ -6,6 +6,7 @@ from dml_book.losses import TripletLoss
 from dml_book.miners import SemiHardMiner
 from dml_book.models import EmbeddingNet
 from dml_book.train import Trainer
+from dml_book.methods.base import TrainerView
 from dml_book.methods.ala import ALA
 from dml_book.methods.hdml import HDML
 from dml_book.methods.dcml import DCML
@@ -17,13 +18,15 @@ N_CLASSES, PER_CLASS = 4, 4   # the global batch: 4 classes x 4 images
 
 
 def stand_in(method, rank: int, world: int, loss_fn, miner=None):
-    "A trainer with the attributes the methods use, wired with the real `Trainer` code for gather, groups and sync."
+    "A `TrainerView` of the methods' hooks, wired with the real `Trainer` code for gather, groups, sync and the step."
     torch.manual_seed(0)
     model = EmbeddingNet(nn.Sequential(nn.Linear(8, 10), nn.Tanh()), 10, 6)
     cfg = SimpleNamespace(seed=0, lr_backbone=0.3, lr_head=0.5, embedding_dim=6, m_per_class=PER_CLASS)
     tr = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), model=model, loss_fn=loss_fn, miner=miner, method=method,
-                         train_ds=SimpleNamespace(labels=np.arange(N_CLASSES).repeat(PER_CLASS)), dist=DistContext(rank, world))
+                         train_ds=SimpleNamespace(labels=np.arange(N_CLASSES).repeat(PER_CLASS)), dist=DistContext(rank, world),
+                         optimizer=None, epoch=1, step=0, steps_per_epoch=1)
     tr.gather = lambda z, l: Trainer.gather(tr, z, l)
+    tr.embed_dataset = lambda ds, batch_size=256: Trainer.embed_dataset(tr, ds, batch_size)
     method.setup(tr)
     return tr
 
@@ -31,6 +34,7 @@ def stand_in(method, rank: int, world: int, loss_fn, miner=None):
 def finish(tr, world):
     "The main optimiser (plain SGD: Adam's first step is sign-like and would magnify rounding) and, with >1 rank, the sync."
     tr.optimizer = torch.optim.SGD(Trainer.param_groups(tr))
+    assert isinstance(tr, TrainerView)   # every member a method may use
     if world > 1: Trainer._synchronise(tr)   # broadcast rank 0's state; hook the main and the method's optimisers
     tr.start = params_of(tr)
 
@@ -60,7 +64,7 @@ def hdml_step(rank: int, world: int, out: str):
     m.opt_gen, m.opt_softmax = torch.optim.SGD(m.generator.parameters(), lr=0.2), torch.optim.SGD(m.classifier.parameters(), lr=0.2)
     finish(tr, world)
     x, y = data(rank, world)
-    logs = [m.training_step(tr, x, y) for _ in range(2)]
+    logs = [Trainer.training_step(tr, x, y) for _ in range(2)]
     save(tr, logs, f"{out}/hdml-{world}-{rank}.pt", avgs=(m.j_avg.value, m.j_gen_avg.value), rng=m.rng.get_state())
 
 
@@ -70,7 +74,7 @@ def dcml_step(rank: int, world: int, out: str):
     tr = stand_in(DCML(n_learners=2, n_compositors=3), rank, world, TripletLoss(margin=0.2), SemiHardMiner(margin=0.2))
     finish(tr, world)
     x, y = data(rank, world)
-    save(tr, [tr.method.training_step(tr, x, y)], f"{out}/dcml-{world}-{rank}.pt")
+    save(tr, [Trainer.training_step(tr, x, y)], f"{out}/dcml-{world}-{rank}.pt")
 
 
 def pads_step(rank: int, world: int, out: str):
@@ -80,7 +84,7 @@ def pads_step(rank: int, world: int, out: str):
     tr = stand_in(PADS(adapt=False, init="uniform_low"), rank, world, TripletLoss(margin=0.2))
     finish(tr, world)
     x, y = data(rank, world)
-    save(tr, [tr.method.training_step(tr, x, y)], f"{out}/pads-{world}-{rank}.pt", generator=tr.method.generator.get_state())
+    save(tr, [Trainer.training_step(tr, x, y)], f"{out}/pads-{world}-{rank}.pt", generator=tr.method.generator.get_state())
 
 
 def pads_policy_steps(rank: int, out: str):
@@ -90,7 +94,7 @@ def pads_policy_steps(rank: int, out: str):
                  method_kwargs=dict(update_every=1, hidden=(16,), n_bins=10))
     m, batches = tr.method, iter(tr.loader)
     start = params_of(tr)
-    logs = [m.training_step(tr, *next(batches)) for _ in range(3)]
+    logs = [tr.training_step(*next(batches)) for _ in range(3)]
     torch.save(dict(logs=logs, params=params_of(tr), start=start, trajectory=m.trajectory, s_prev=m.s_prev,
                     hooked=any(o is m.learner.optimizer for o in m.optimizers())),
                f"{out}/policy-{rank}.pt")
@@ -102,7 +106,7 @@ def dmml_step(rank: int, world: int, out: str):
     tr = stand_in(DMML(n_classes=4, n_support=2, n_query=2, lr_decay=False, feature_penalty=0.01), rank, world, TripletLoss())
     finish(tr, world)
     x, y = data(rank, world)
-    save(tr, [tr.method.training_step(tr, x, y)], f"{out}/dmml-{world}-{rank}.pt")
+    save(tr, [Trainer.training_step(tr, x, y)], f"{out}/dmml-{world}-{rank}.pt")
 
 
 def ala_step(rank: int, world: int, out: str, same_episode: bool):
@@ -114,7 +118,7 @@ def ala_step(rank: int, world: int, out: str, same_episode: bool):
     g = torch.Generator().manual_seed(10 + (0 if same_episode else rank))
     x = torch.randn(12, 8, generator=g)
     y = torch.cat([torch.arange(2).repeat_interleave(4), 2 + torch.arange(2).repeat_interleave(2)])
-    logs = tr.method.training_step(tr, x, y)
+    logs = Trainer.training_step(tr, x, y)
     save(tr, [logs], f"{out}/ala{int(same_episode)}-{world}-{rank}.pt", state=tr.method.state,
          generator=tr.method.generator.get_state(), assessor_opt=tr.method.assessor_opt.state_dict()["state"])
 

@@ -150,9 +150,10 @@ def test_lr_schedule():
 
 
 def test_method_step_equals_manual_step():
-    "One DMML.training_step == one Adam step on MetaCellLoss of the scaled, unnormalised embedding."
+    "One trainer step on DMML.batch_loss == one Adam step on MetaCellLoss of the scaled, unnormalised embedding."
     from types import SimpleNamespace
     from dml_book.models import build_model
+    from dml_book.train import Trainer
 
     def stand_in():
         torch.manual_seed(0)
@@ -160,16 +161,16 @@ def test_method_step_equals_manual_step():
         return SimpleNamespace(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3), epoch=1,
                                cfg=SimpleNamespace(epochs=2, seed=0), gather=lambda z, labels: (z, labels))
     method, tr, ref = DMML(n_classes=2, n_support=2, n_query=1, scale=3.0), stand_in(), stand_in()
-    method.setup(tr)
+    method.setup(tr); tr.method = method
     x, y = torch.randn(6, 1, 16, 16), torch.tensor([4, 4, 4, 1, 1, 1])
-    logs = method.training_step(tr, x, y)
+    logs = Trainer.training_step(tr, x, y)
     ref.model.head.normalize = False
     loss = MetaCellLoss(2, "hard", 0.4)(3.0 * ref.model(x), y)
     loss.backward(); ref.optimizer.step()
     assert logs["loss"] == pytest.approx(loss.item(), rel=1e-5)
     torch.testing.assert_close(tr.model.head.fc.weight, ref.model.head.fc.weight)
     tr.epoch = 2                                                   # the last epoch of 2: 0.005x
-    method.training_step(tr, x, y)
+    Trainer.training_step(tr, x, y)
     assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.005)
     assert tr.optimizer.param_groups[0]["initial_lr"] == 1e-3
 

@@ -116,9 +116,9 @@ def test_gradient_routing(tmp_path):
     for opt in (tr.optimizer, hd.opt_gen, hd.opt_softmax):
         for grp in opt.param_groups: grp["lr"], grp["weight_decay"] = 0.0, 0.0
     x, y = next(iter(tr.loader))
-    hd.training_step(tr, x, y)                           # window 1: the schedules are active from the next step
+    tr.training_step(x, y)                               # window 1: the schedules are active from the next step
     before = copy.deepcopy(hd.get_extra_state())
-    logs = hd.training_step(tr, x, y)
+    logs = tr.training_step(x, y)
     assert 0 < logs["lam"] < 1 and 0 < logs["weight"] < 1
     hd.set_extra_state(before)
     o = hd.objectives(tr, x, y)
@@ -143,7 +143,7 @@ def test_ablations(tmp_path):
                       (dict(pulling_factor=0.0), lambda o, m: o["lam"] == 1.0)]:
         tr = _trainer(tmp_path / str(len(kw)) / next(iter(kw)), method_kwargs=dict(hidden=32, window=1) | kw)
         x, y = next(iter(tr.loader))
-        tr.method.training_step(tr, x, y)
+        tr.training_step(x, y)
         assert check(tr.method.objectives(tr, x, y), tr.method), kw
     with pytest.raises(ValueError, match="at least one of recon and softmax"): HDML(recon=False, softmax=False)
     with pytest.raises(ValueError, match="must be >= 0"): HDML(pulling_factor=-1.)
@@ -153,7 +153,7 @@ def test_npair_mode_and_wrong_loss(tmp_path):
     tr = _trainer(tmp_path / "np", loss="npair", m_per_class=2)
     assert tr.method.mode == "npair"
     x, y = next(iter(tr.loader))
-    logs = tr.method.training_step(tr, x, y)
+    logs = tr.training_step(x, y)
     assert all(math.isfinite(v) for v in logs.values())
     with pytest.raises(ValueError, match="use --loss triplet or --loss npair"): _trainer(tmp_path / "c", loss="contrastive")
 
@@ -197,11 +197,11 @@ def test_paper_presets_take_a_step(tmp_path):
         tr = Trainer(cfg)
         assert tr.method.beta == 1e4 and tr.method.pulling_factor == {"triplet": 0. if "alpha0" in name else 7., "npair": 90.}[cfg.loss]
         x, y = next(iter(tr.loader))
-        logs = tr.method.training_step(tr, x, y)
+        logs = tr.training_step(x, y)
         assert all(math.isfinite(v) for v in logs.values()), name
         if tr.method.softmax and tr.method.recon and tr.method.synthesize:   # eq. (9) with the paper's lambda = 0.5
             assert logs["j_gen"] == pytest.approx(logs["j_recon"] + 0.5 * logs["j_soft"], rel=1e-5)
-        if triplets: assert tr.method.tuples(tr, tr.model(x), y, 1.0)[0][0].tolist() == [0, 3]   # the batch's 2 triplets
+        if triplets: assert tr.method.real_and_synthetic(tr, tr.model(x), y, 1.0)[0][0].tolist() == [0, 3]   # the batch's 2 triplets
 
 
 def test_triplet_batches_give_the_official_40_triplets_and_the_baseline_shares_them(tmp_path):
@@ -217,7 +217,7 @@ def test_triplet_batches_give_the_official_40_triplets_and_the_baseline_shares_t
     tr = Trainer(cfg)
     x, y = next(iter(tr.loader))
     z = tr.model(x)
-    real = tr.method.tuples(tr, z, y, 1.0)[0]
+    real = tr.method.real_and_synthetic(tr, z, y, 1.0)[0]
     o = tr.method.objectives(tr, x, y)
     want = sum(max(0., float(((z[a] - z[p]) ** 2).sum() - ((z[a] - z[n]) ** 2).sum() + 1.0)) for a, p, n in zip(*real))
     assert o["j_metric"].item() == pytest.approx(want, rel=1e-5) and set(o) == {"lam", "weight", "j_real", "j_metric"}

@@ -352,7 +352,7 @@ def test_static_mode_keeps_the_initial_distribution(tmp_path):
     p0 = m.distribution.probs.clone()
     torch.testing.assert_close(p0, init_probs("distance", m.distribution.centers, dim=16))
     for i, (x, y) in enumerate(tr.loader):
-        logs = m.training_step(tr, x, y)
+        logs = tr.training_step(x, y)
         assert "pads_probs" not in logs and logs["triplets"] > 0
         if i == 3: break
     assert torch.equal(m.distribution.probs, p0)

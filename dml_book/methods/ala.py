@@ -16,7 +16,7 @@ from fastcore.basics import patch
 from ..registry import METHODS
 from ..distances import all_pairs, all_triplets, check_tuple, to_pairs, to_triplets
 from ..samplers import EpisodeSampler
-from .base import Method
+from .base import Method, TrainerView
 from ..distributed import broadcast_object
 
 # %% auto #0
@@ -199,7 +199,9 @@ def _inputs(self: ALA, model, x: Tensor, xv: Tensor):
     return model.head, model.backbone(x), val_inp, {}
 ALA._inputs = _inputs
 
-def _training_step(self: ALA, trainer, images: Tensor, labels: Tensor) -> dict:
+@patch
+def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor) -> dict:
+    "ALA's own iteration: K meta-steps of the assessor (eqs. 10-12), then the metric's step on the weighted loss (eq. 13)."
     n, model, loss_fn = self.n_train, trainer.model, trainer.loss_fn
     if len(images) != n + self.n_val:
         raise ValueError(f"ALA needs episodes of n_train + n_val = {n + self.n_val} images (EpisodeSampler), got {len(images)}")
@@ -230,7 +232,6 @@ def _training_step(self: ALA, trainer, images: Tensor, labels: Tensor) -> dict:
     if dist.is_available() and dist.is_initialized(): self.generator.set_state(broadcast_object(self.generator.get_state()))
     self.last = {"hardness": tuple_hardness(emb, t).cpu(), "weights": (torch.ones(len(tuples)) if w is None else w).cpu()}
     return {"loss": loss.item(), **logs, "tuples": len(tuples)}
-ALA.training_step = _training_step
 
 # %% ../../nbs/20_methods.ala.ipynb #5baae9c1
 def _get_extra_state(self: ALA) -> dict:

@@ -6,46 +6,82 @@ Docs: https://dml-book.github.io/dml_book/methods.base.html.md"""
 
 # %% ../../nbs/08a_methods.base.ipynb #5e184975
 from __future__ import annotations
+from typing import Any, Protocol, runtime_checkable
 import torch, torch.nn as nn
 from fastcore.basics import patch
 from ..registry import METHODS
 
 # %% auto #0
-__all__ = ['Method', 'Baseline']
+__all__ = ['TrainerView', 'Method', 'Baseline']
+
+# %% ../../nbs/08a_methods.base.ipynb #8cd8ef43
+@runtime_checkable
+class TrainerView(Protocol):
+    "What a method may use of the trainer: read all of it, write only where noted."
+    cfg: Any                # the run's `TrainConfig`
+    device: torch.device    # where the model and the batches live
+    dist: Any               # `DistContext` (`rank`, `world_size`, `is_main`, `enabled`): the processes under torchrun
+    model: nn.Module        # the `EmbeddingNet` (`backbone`, `head`, `embedding_dim`); `setup` may replace its `head`
+    loss_fn: nn.Module      # the configured loss, or the method's own (`own_loss`)
+    miner: nn.Module | None # the configured miner; None: every valid tuple
+    optimizer: torch.optim.Optimizer # the main optimiser; a method may set its groups' `lr` (DMML's schedule)
+    train_ds: Any           # the training split (`.labels`); `setup` may replace it (PADS holds out a reward split)
+    epoch: int              # the current epoch, counted from 1 (0 before training)
+    step: int               # iterations taken so far
+    steps_per_epoch: int    # iterations in an epoch (after `setup`)
+    def gather(self, embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        "The global batch under torchrun (each rank's embeddings keep their gradient); the batch itself otherwise."
+    def embed_dataset(self, ds, batch_size: int = 256) -> tuple[torch.Tensor, Any]:
+        "Test-time embeddings (rank 0 holds them under torchrun) and labels of every item of `ds`."
 
 # %% ../../nbs/08a_methods.base.ipynb #17c22cc6
 class Method(nn.Module):
-    "A DML method: owns its extra modules and state, and performs one training iteration."
+    "A DML method: owns its extra modules and state, and gives the trainer the loss of each batch."
     presets: dict[str, dict] = {}   # preset name -> TrainConfig overrides (incl. method_kwargs)
     own_loss: str | None = None     # name of the method's own objective (kept as `self.loss`) when it replaces the configured loss
 
-    def setup(self, trainer): "Build own modules and optimisers; may replace `trainer.model.head`."
-    def batch_sampler(self, trainer): "A batch sampler over `trainer.train_ds`, or None for class-balanced batches."
-    def end_epoch(self, trainer, epoch: int) -> dict: return {}
-    def embed(self, trainer, images: torch.Tensor) -> torch.Tensor: return trainer.model(images)
+    def setup(self, trainer: TrainerView): "Build own modules and optimisers; may replace `trainer.model.head` or `trainer.train_ds`."
+    def batch_sampler(self, trainer: TrainerView): "A batch sampler over `trainer.train_ds`, or None for class-balanced batches."
     def optimizers(self) -> list[torch.optim.Optimizer]: "The method's own optimisers (the trainer averages their gradients under torchrun)."; return []
+    def end_epoch(self, trainer: TrainerView, epoch: int) -> dict: "Values to log at the end of epoch `epoch`."; return {}
+    def embed(self, trainer: TrainerView, images: torch.Tensor) -> torch.Tensor: "The test-time embedding."; return trainer.model(images)
 
-    def param_groups(self, trainer) -> list[dict]:
+    def param_groups(self, trainer: TrainerView) -> list[dict]:
         "Extra parameter groups for the main optimiser: by default the method's own trainable parameters."
         ps = [p for p in self.parameters() if p.requires_grad]
         return [{"params": ps, "lr": trainer.cfg.lr_head, "name": type(self).__name__}] if ps else []
 
 # %% ../../nbs/08a_methods.base.ipynb #257730f7
 @patch
-def compute_loss(self: Method, trainer, embeddings, labels):
-    "The configured loss on the miner's tuples (all valid tuples without a miner), over the global batch under torchrun."
-    embeddings, labels = trainer.gather(embeddings, labels)
-    tuples = trainer.miner(embeddings, labels) if trainer.miner is not None else None
-    return trainer.loss_fn(embeddings, labels, tuples)
+def tuples(self: Method, trainer: TrainerView, # the run
+           embeddings: torch.Tensor, # (B, D) the (global) batch's embeddings
+           labels: torch.Tensor): # (B,) their labels
+    "Index tuples for the loss: the miner's, or None (every valid tuple) without a miner."
+    return trainer.miner(embeddings, labels) if trainer.miner is not None else None
 
 @patch
-def training_step(self: Method, trainer, images, labels) -> dict:
-    "Embed, mine, compute the loss, take one step of the main optimiser."
-    loss = self.compute_loss(trainer, trainer.model(images), labels)
-    trainer.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    trainer.optimizer.step()
-    return {"loss": loss.item()}
+def batch_loss(self: Method, trainer: TrainerView, # the run
+               images: torch.Tensor, # this process's batch
+               labels: torch.Tensor # its labels
+              ) -> torch.Tensor | dict: # the loss, or a dict with it under "loss" and other values to log
+    "The configured loss on `tuples` of the global batch (gathered from every process under torchrun)."
+    embeddings, labels = trainer.gather(trainer.model(images), labels)
+    return trainer.loss_fn(embeddings, labels, self.tuples(trainer, embeddings, labels))
+
+# %% ../../nbs/08a_methods.base.ipynb #bd787bae
+@patch
+def after_step(self: Method, trainer: TrainerView, # the run
+               logs: dict # the iteration's values: "loss" and what `batch_loss` (or `custom_step`) returned
+              ) -> dict: # extra values to log
+    "Called after every iteration's step."
+    return {}
+
+@patch
+def custom_step(self: Method, trainer: TrainerView, # the run
+                images: torch.Tensor, labels: torch.Tensor # this process's batch and its labels
+               ) -> dict | None: # the iteration's logs, or None: the trainer's step on `batch_loss`
+    "The escape hatch for a method that steps optimisers of its own (HDML, ALA): take the whole iteration here."
+    return None
 
 # %% ../../nbs/08a_methods.base.ipynb #09222711
 @METHODS.register("baseline")

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 from ..registry import METHODS, LOSSES
-from .base import Method
+from .base import Method, TrainerView
 import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
 
 # %% auto #0
@@ -201,25 +201,22 @@ def composites(self: DCML, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor 
 
 
 # %% ../../nbs/22_methods.dcml.ipynb #1c7a13e7
-def _batch_loss(trainer, emb, labels):
-    "The configured loss on the miner's tuples of an (already global) batch."
-    return trainer.loss_fn(emb, labels, trainer.miner(emb, labels) if trainer.miner is not None else None)
-
 @patch
-def losses(self: DCML, trainer, g: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+def losses(self: DCML, trainer: TrainerView, g: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
     "The terms of eq. 8 for sub-embeddings g (B, K, D): 'dis', 'sub' (the J_T), 'rein' (eq. 7) and their weighted sum 'loss'."
     K, D = g.shape[1:]
     g, labels = trainer.gather(g.flatten(1), labels)   # the global batch under torchrun: every term below sees it
     g = g.view(-1, K, D)
     out, total = {}, 0.
+    configured = lambda e: trainer.loss_fn(e, labels, self.tuples(trainer, e, labels))   # the run's loss on `tuples`
     if self.use_discriminative:
-        out["dis"] = _batch_loss(trainer, g.flatten(1) / math.sqrt(K), labels)  # J_dis(y) on the miner's tuples
+        out["dis"] = configured(g.flatten(1) / math.sqrt(K))  # J_dis(y) on the miner's tuples
         total = total + out["dis"]
     z, c = self.composites(g)
     if self.normalize_composites: z = F.normalize(z, dim=-1)
     if self.use_subtasks:
         out["sub"] = sum(self.subtask_losses[m](z[:, m], labels) if len(self.subtask_losses) else
-                         _batch_loss(trainer, z[:, m], labels) for m in range(self.n_compositors))
+                         configured(z[:, m]) for m in range(self.n_compositors))
         total = total + self.lambda_m * out["sub"]
     if self.use_rein and c is not None and self.use_compositor:
         out["rein"] = rein_loss(c); total = total + self.lambda_r * out["rein"]
@@ -229,14 +226,9 @@ def losses(self: DCML, trainer, g: torch.Tensor, labels: torch.Tensor) -> dict[s
 
 # %% ../../nbs/22_methods.dcml.ipynb #40e82932
 @patch
-def training_step(self: DCML, trainer, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    "One iteration: forward the sub-embeddings, eq. 8, one backward pass, one step of the main optimiser."
-    g = trainer.model.head.sub_embeddings(trainer.model.backbone(images))
-    terms = self.losses(trainer, g, labels)
-    trainer.optimizer.zero_grad(set_to_none=True)
-    terms["loss"].backward()
-    trainer.optimizer.step()
-    return {k: v.item() for k, v in terms.items()}
+def batch_loss(self: DCML, trainer: TrainerView, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    "Eq. 8 on the sub-embeddings of the batch (and its terms, to log); the trainer takes one step of the main optimiser."
+    return self.losses(trainer, trainer.model.head.sub_embeddings(trainer.model.backbone(images)), labels)
 
 # %% ../../nbs/22_methods.dcml.ipynb #e6706978
 DCML.ablations = {"no_compositor": dict(use_compositor=False), "no_rein": dict(use_rein=False),           # Table 1

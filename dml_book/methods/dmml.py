@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from ..registry import METHODS
 from ..distances import squared_euclidean
-from ..samplers import TaskSampler, ddp_share
-from .base import Method
+from ..samplers import TaskSampler
+from .base import Method, TrainerView
 
 # %% auto #0
 __all__ = ['Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss', 'MetaCellLoss',
@@ -199,13 +199,12 @@ class ClassShare(torch.utils.data.Sampler):
             yield task[self.rank * k:(self.rank + 1) * k]
 
 @patch
-def batch_sampler(self: DMML, trainer) -> TaskSampler | ClassShare:
+def batch_sampler(self: DMML, trainer: TrainerView) -> TaskSampler | ClassShare:
     "Episodes: `n_classes` classes x (`n_support` + `n_query`) images, class by class (Algorithm 1); split by class under torchrun."
     tasks = TaskSampler(trainer.train_ds.labels, n_classes=self.n_classes, n_support=self.loss.n_support,
                         n_query=self.n_query, tasks_per_epoch=self.tasks_per_epoch, seed=trainer.cfg.seed, rank=0, world_size=1)
-    d = getattr(trainer, "dist", None)
-    rank, world = (d.rank, d.world_size) if d is not None else ddp_share()
-    return tasks if world == 1 else ClassShare(tasks, rank, world)
+    world = trainer.dist.world_size
+    return tasks if world == 1 else ClassShare(tasks, trainer.dist.rank, world)
 
 @patch
 def _set_lr(self: DMML, trainer):
@@ -215,19 +214,16 @@ def _set_lr(self: DMML, trainer):
 
 # %% ../../nbs/24_methods.dmml.ipynb #26cdca07
 @patch
-def training_step(self: DMML, trainer, images, labels) -> dict:
-    "One episode: embed, split into meta-cells and queries, eq. (7), one optimiser step."
+def batch_loss(self: DMML, trainer: TrainerView, images, labels) -> dict:
+    "One episode: embed, split into meta-cells and queries, eq. (7) for the trainer's step, and the episode's statistics."
     if self.lr_decay: self._set_lr(trainer)
     z, labels = trainer.gather(trainer.model(images), labels)   # the whole episode under torchrun
     d, t = self.loss.episode(self.scale * z, labels)
     loss = episode_loss(d, t, self.loss.margin, self.loss.variant)
     if self.feature_penalty: loss = loss + self.feature_penalty * z.pow(2).sum(1).mean()
-    trainer.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    trainer.optimizer.step()
-    pos = F.one_hot(t, d.shape[1]).bool()
-    return {"loss": loss.item(), "d_pos": d[pos].mean().item(), "d_neg": d[~pos].mean().item() if d.shape[1] > 1 else 0.,
-            "episode_acc": (d.argmin(1) == t).float().mean().item(), "lr": trainer.optimizer.param_groups[0]["lr"]}
+    d, pos = d.detach(), F.one_hot(t, d.shape[1]).bool()
+    return {"loss": loss, "d_pos": d[pos].mean(), "d_neg": d[~pos].mean() if d.shape[1] > 1 else 0.,
+            "episode_acc": (d.argmin(1) == t).float().mean(), "lr": trainer.optimizer.param_groups[0]["lr"]}
 
 # %% ../../nbs/24_methods.dmml.ipynb #3644acd7
 @patch

@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from ..registry import METHODS
 from ..distances import to_triplets
 from ..losses import TripletLoss, NPairLoss
-from .base import Method
+from .base import Method, TrainerView
 from ..samplers import TripletBatchSampler
 
 # %% auto #0
@@ -230,7 +230,7 @@ def optimizers(self: HDML) -> list[torch.optim.Optimizer]:
 
 # %% ../../nbs/21_methods.hdml.ipynb #411c62c6
 @patch
-def tuples(self: HDML, trainer, z, labels, lam: float):
+def real_and_synthetic(self: HDML, trainer: TrainerView, z, labels, lam: float):
     "Real tuples, and the generator input, labels and tuples of the synthetic ones."
     if self.mode == "npair":
         a, p = npair_pairs(labels)
@@ -251,7 +251,7 @@ def objectives(self: HDML, trainer, images, labels) -> dict:
     y = trainer.model.backbone(images)
     z, glabels = trainer.gather(trainer.model.head(y), labels)   # the global batch under torchrun (identity otherwise)
     y, labels = trainer.gather(y, labels)[0], glabels            # features too: J_recon and J_soft are batch means
-    real, z_in, l_in, syn = self.tuples(trainer, z, labels, lam)
+    real, z_in, l_in, syn = self.real_and_synthetic(trainer, z, labels, lam)
     j_real = trainer.loss_fn(z, labels, real)
     if not self.synthesize: return dict(lam=1.0, weight=1.0, j_real=j_real, j_metric=j_real)   # the baseline
     y_all = self.generator(torch.cat([z, z_in]))
@@ -272,19 +272,28 @@ def _grads_to(loss, params, retain: bool):
     for p, g in zip(params, torch.autograd.grad(loss, params, retain_graph=retain, allow_unused=True)): p.grad = g
 
 @patch
-def training_step(self: HDML, trainer, images, labels) -> dict:
+def custom_step(self: HDML, trainer: TrainerView, images, labels) -> dict | None:
     "One HDML iteration: J_metric -> backbone and projector, J_gen -> generator, softmax loss -> softmax layer."
+    if not self.synthesize: return None   # the baseline: the trainer's step on `batch_loss`
     o = self.objectives(trainer, images, labels)
-    if not self.synthesize:   # the baseline: one step of the metric on the real tuples
-        trainer.optimizer.zero_grad(); o["j_metric"].backward(); trainer.optimizer.step()
-        self.j_avg.update(o["j_real"].item())
-        return {k: (v.item() if torch.is_tensor(v) else float(v)) for k, v in o.items()} | {"loss": o["j_metric"].item()}
     _grads_to(o["j_metric"], [p for g in trainer.optimizer.param_groups for p in g["params"] if p.requires_grad], True)
     _grads_to(o["j_gen"], list(self.generator.parameters()), True)
     _grads_to(o["j_ce"], list(self.classifier.parameters()), False)
     for opt in (trainer.optimizer, self.opt_gen, self.opt_softmax): opt.step()
-    self.j_avg.update(o["j_real"].item()); self.j_gen_avg.update(o["j_gen"].item())
     return {k: (v.item() if torch.is_tensor(v) else float(v)) for k, v in o.items()} | {"loss": o["j_metric"].item()}
+
+@patch
+def batch_loss(self: HDML, trainer: TrainerView, images, labels) -> dict:
+    "The baseline (`synthesize=False`): J_metric on the real tuples, one step of the main optimiser by the trainer."
+    o = self.objectives(trainer, images, labels)
+    return o | {"loss": o["j_metric"]}
+
+@patch
+def after_step(self: HDML, trainer: TrainerView, logs: dict) -> dict:
+    "Feed the running averages behind lambda (J on the real tuples) and the weight of eq. (11) (J_gen)."
+    self.j_avg.update(logs["j_real"])
+    if "j_gen" in logs: self.j_gen_avg.update(logs["j_gen"])
+    return {}
 
 # %% ../../nbs/21_methods.hdml.ipynb #c57fe77e
 @patch

@@ -15,7 +15,7 @@ from ..distances import euclidean, check_batch
 from ..metrics import evaluate
 from ..registry import METHODS, DATASETS
 from ..data.core import LabelledSubset, build_split
-from .base import Method
+from .base import Method, TrainerView
 from ..distributed import broadcast_object
 from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward
 
@@ -237,7 +237,7 @@ class PADS(Method):
         self.init, self.update_every, self.val_fraction, self.val_by_class = init, update_every, val_fraction, val_by_class
         self.self_regularization, self.adapt, self.seed = self_regularization, adapt, seed
         self.generator = torch.Generator().manual_seed(seed)
-        self.iteration, self.e_prev, self.s_prev, self.a_prev, self.trajectory = 0, None, None, None, []
+        self.iteration, self.e_prev, self.s_prev, self.a_prev, self.trajectory, self.n_triplets = 0, None, None, None, [], 0
 
 
 # %% ../../nbs/23_methods.pads.ipynb #d754ce68
@@ -279,34 +279,35 @@ def sample(self: PADS, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tens
     return a.to(labels.device), p.to(labels.device), n.to(labels.device)
 
 @patch
-def training_step(self: PADS, trainer, images, labels) -> dict:
-    "A DML step on PADS triplets; every `update_every` iterations, a policy step."
-    emb, labels = trainer.gather(trainer.model(images), labels)   # the global batch under torchrun
-    tuples = self.sample(emb, labels)
-    loss = trainer.loss_fn(emb, labels, tuples)
-    trainer.optimizer.zero_grad(set_to_none=True)
-    if loss.requires_grad: loss.backward()
-    trainer.optimizer.step()
+def tuples(self: PADS, trainer: TrainerView, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    "The loss's triplets (the trainer's `batch_loss` on the global batch): one per anchor, drawn from p."
+    t = self.sample(embeddings, labels)
+    self.n_triplets = len(t[0])
+    return t
+
+@patch
+def after_step(self: PADS, trainer: TrainerView, logs: dict) -> dict:
+    "Count the DML iteration; every `update_every` iterations, a policy step."
     self.iteration += 1
-    logs = {"loss": loss.item(), "triplets": len(tuples[0])}
-    if self.adapt and self.iteration % self.update_every == 0: logs.update(self.policy_step(trainer))
-    return logs
+    out = {"triplets": self.n_triplets}
+    if self.adapt and self.iteration % self.update_every == 0: out.update(self.policy_step(trainer))
+    return out
 
 # %% ../../nbs/23_methods.pads.ipynb #0018ca7f
 @patch
-def validation_metrics(self: PADS, trainer) -> dict[str, float]:
+def validation_metrics(self: PADS, trainer: TrainerView) -> dict[str, float]:
     "Recall@k (every k of `recall_ks`), NMI and the class distances of the held-out validation images."
     emb, labels = trainer.embed_dataset(self.val_ds)   # sharded and gathered under torchrun
-    if getattr(getattr(trainer, "dist", None), "is_main", True):
+    if trainer.dist.is_main:
         m = evaluate(emb, labels, ks=self.recall_ks, metrics=("R@K", "NMI"), seed=self.seed)
         m["intra"], m["inter"] = class_distances(emb, labels)
         m = {k: float(m[k]) for k in self.metric_keys}
     else: m = None
     return broadcast_object(m)   # rank 0's numbers on every rank: one state, one reward, one policy update
 
-def _progress(trainer) -> float:
-    n = len(trainer.loader) if trainer.cfg.max_steps_per_epoch is None else min(len(trainer.loader), trainer.cfg.max_steps_per_epoch)
-    return min(1.0, (trainer.step + 1) / max(1, n * trainer.cfg.epochs))
+def _progress(trainer: TrainerView) -> float:
+    "The share of the run's iterations done, the last state feature."
+    return min(1.0, (trainer.step + 1) / max(1, trainer.steps_per_epoch * trainer.cfg.epochs))
 
 # %% ../../nbs/23_methods.pads.ipynb #cdb77a32
 @patch
