@@ -136,7 +136,7 @@ def comparison_table(summary: pd.DataFrame, published: pd.DataFrame | None = Non
     pub.index = [f"published: {m} ({d})" for m, d in pub.index]
     return pd.concat([ours, pub.map(lambda v: "—" if pd.isna(v) else f"{v:.1f}")])[[m for m in metrics if m in ours.columns or m in pub.columns]]
 
-# %% ../nbs/11_results.ipynb #70334103
+# %% ../nbs/11_results.ipynb #4e207797
 def run_dataset(runs: pd.DataFrame) -> str:
     "The one dataset the runs were trained and tested on (`runs_frame`'s `dataset`); runs on several datasets are an error."
     ds = list(dict.fromkeys(runs["dataset"]))
@@ -147,7 +147,7 @@ def _roles_for(variant: str) -> tuple[str, ...]:
     "The roles of the paper's rows that our `variant` may stand beside."
     return ("baseline",) if variant == "baseline" else ("method", "ablation")
 
-# %% ../nbs/11_results.ipynb #e18a9018
+# %% ../nbs/11_results.ipynb #6d64ddea
 def paper_figures(published: pd.DataFrame, # `read_published` of a CSV with `table`, `row` and `role` columns
                   dataset: str, # the dataset of our runs (`run_dataset`)
                   lineup: dict[str, str], # our variant -> the paper's row (`row` column) it stands for
@@ -173,7 +173,7 @@ def paper_figures(published: pd.DataFrame, # `read_published` of a CSV with `tab
         frames.append(rows[rows.table == table].assign(variant=variant))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*published.columns, "variant"])
 
-# %% ../nbs/11_results.ipynb #4bae84fe
+# %% ../nbs/11_results.ipynb #6e8470d9
 def _pct(v) -> str: return "—" if pd.isna(v) else f"{v:.1f}"
 
 def line_up(summary: pd.DataFrame, # `summarize` of our runs: variant, metric, mean, std
