@@ -12,9 +12,9 @@ import numpy as np, pandas as pd
 
 # %% auto #0
 __all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
-           'reported', 'summarize', 'read_published', 'comparison_table', 'ExperimentError', 'experiments_dir',
-           'params_file', 'experiment_names', 'find_experiment', 'notebook_parameters', 'coerce_parameters',
-           'run_experiment']
+           'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset', 'paper_figures', 'line_up',
+           'published_tables', 'ExperimentError', 'experiments_dir', 'params_file', 'experiment_names',
+           'find_experiment', 'notebook_parameters', 'coerce_parameters', 'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
 def load_run(folder) -> dict:
@@ -135,6 +135,76 @@ def comparison_table(summary: pd.DataFrame, published: pd.DataFrame | None = Non
     pub = pub.pivot_table(index=["method", "dataset"], columns="metric", values="value", aggfunc="first", sort=False)
     pub.index = [f"published: {m} ({d})" for m, d in pub.index]
     return pd.concat([ours, pub.map(lambda v: "—" if pd.isna(v) else f"{v:.1f}")])[[m for m in metrics if m in ours.columns or m in pub.columns]]
+
+# %% ../nbs/11_results.ipynb #4e207797
+def run_dataset(runs: pd.DataFrame) -> str:
+    "The one dataset the runs were trained and tested on (`runs_frame`'s `dataset`); runs on several datasets are an error."
+    ds = list(dict.fromkeys(runs["dataset"]))
+    if len(ds) != 1: raise ValueError(f"runs on {len(ds)} datasets ({', '.join(map(str, ds))}): compare one dataset at a time")
+    return ds[0]
+
+def _roles_for(variant: str) -> tuple[str, ...]:
+    "The roles of the paper's rows that our `variant` may stand beside."
+    return ("baseline",) if variant == "baseline" else ("method", "ablation")
+
+# %% ../nbs/11_results.ipynb #6d64ddea
+def paper_figures(published: pd.DataFrame, # `read_published` of a CSV with `table`, `row` and `role` columns
+                  dataset: str, # the dataset of our runs (`run_dataset`)
+                  lineup: dict[str, str], # our variant -> the paper's row (`row` column) it stands for
+                  metrics=None) -> pd.DataFrame: # keep these metrics (None: every metric the paper reports)
+    "The paper's rows on `dataset` that our variants stand for (one table each), with `variant`; empty where the paper reports none."
+    missing = [c for c in ("table", "row", "role") if c not in published.columns]
+    if missing: raise ValueError(f"the published figures lack the column(s) {', '.join(missing)}: they cannot be lined up by role")
+    unknown = [r for r in lineup.values() if r not in set(published.row)]
+    if unknown: raise ValueError(f"the paper has no row {', '.join(map(repr, unknown))}; its rows: {', '.join(dict.fromkeys(published.row))}")
+    pub = published[published.dataset == dataset]
+    if metrics is not None: pub = pub[pub.metric.isin(metrics)]
+    frames = []
+    for variant, row in lineup.items():
+        rows = pub[pub.row == row]
+        if rows.empty: continue   # the paper reports this row on other datasets (or other metrics) only
+        if bad := sorted(set(rows.role) - set(_roles_for(variant))):
+            raise ValueError(f"our {variant!r} cannot stand beside the paper's {row!r}: that row is {', '.join(bad)}, "
+                             f"{variant!r} lines up with {' or '.join(_roles_for(variant))} rows")
+        counts = rows.groupby("table", sort=False).metric.count()
+        fullest = counts[counts == counts.max()].index   # the tables that report the row most fully
+        beside_baseline = set(pub[pub.row == lineup.get("baseline")].table)
+        table = next((t for t in fullest if t in beside_baseline), fullest[0])
+        frames.append(rows[rows.table == table].assign(variant=variant))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*published.columns, "variant"])
+
+# %% ../nbs/11_results.ipynb #6e8470d9
+def _pct(v) -> str: return "—" if pd.isna(v) else f"{v:.1f}"
+
+def line_up(summary: pd.DataFrame, # `summarize` of our runs: variant, metric, mean, std
+            published: pd.DataFrame, # `read_published` with `table`, `row`, `role`
+            dataset: str, # the runs' dataset (`run_dataset`)
+            lineup: dict[str, str], # our variant -> the paper's row it stands for
+            metrics=("R@1",)) -> pd.DataFrame:
+    "One line per variant we ran that stands for a row of the paper on `dataset`: role, both rows, ours (mean ± std, %) and the paper's per metric."
+    pub = paper_figures(published, dataset, lineup, metrics)
+    ran = set(summary.variant)
+    cols = ["role", "ours", "paper", "table", *[f"{w} {m}" for m in metrics for w in ("ours", "paper")]]
+    lines = []
+    for variant, p in pub.groupby("variant", sort=False):
+        if variant not in ran: continue
+        line = dict(role=p.role.iloc[0], ours=variant, paper=p.row.iloc[0], table=p.table.iloc[0])
+        for m in metrics:
+            o = summary[(summary.variant == variant) & (summary.metric == m)]
+            line[f"ours {m}"] = "—" if o.empty else (f"{100*o['mean'].iloc[0]:.1f}" + ("" if pd.isna(o["std"].iloc[0]) else f" ± {100*o['std'].iloc[0]:.1f}"))
+            line[f"paper {m}"] = _pct(p[p.metric == m].value.iloc[0]) if (p.metric == m).any() else "—"
+        lines.append(line)
+    return pd.DataFrame(lines, columns=cols)
+
+def published_tables(published: pd.DataFrame, lineup: dict[str, str], metrics=None) -> dict[str, pd.DataFrame]:
+    "Per dataset of the paper, the rows our variants stand for and the paper's figures (None: every metric it reports), '—' where not reported."
+    out = {}
+    for ds in dict.fromkeys(published.dataset):
+        p = paper_figures(published, ds, lineup, metrics)
+        if p.empty: continue
+        t = p.pivot_table(index=["role", "variant", "row", "table"], columns="metric", values="value", aggfunc="first", sort=False)
+        out[ds] = t[[m for m in (metrics or dict.fromkeys(p.metric)) if m in t.columns]].map(_pct)
+    return out
 
 # %% ../nbs/11_results.ipynb #c416f6ff
 class ExperimentError(ValueError):

@@ -59,6 +59,8 @@ def test_default_run_leaves_json_figures_and_the_executed_notebook(runs, name):
     import pandas as pd
     summary = pd.read_csv(out/"summary.csv")
     assert (summary["stage"] == "selected").all() and summary["mean"].map(math.isfinite).all()
+    if name != "train_eval":   # built-in data: no row of the paper stands beside these runs
+        assert pd.read_csv(out/"comparison.csv").empty
 
 
 @pytest.mark.slow
@@ -137,5 +139,10 @@ def test_dmml_experiment_reports_reid_metrics_on_the_market1501_layout(tmp_path)
             for v in ("dmml-no_margin", "dmml-tau0.2")}
     assert (loss["dmml-no_margin"].variant, loss["dmml-no_margin"].margin) == ("none", 0.4)   # Table 4, w/o Margin
     assert (loss["dmml-tau0.2"].variant, loss["dmml-tau0.2"].margin) == ("negative", 0.2)    # Table 4, tau = 0.2
-    assert list(pd.read_csv(out/"comparison.csv", index_col=0).columns) == ["mAP", "CMC@1"]
+    comparison = pd.read_csv(out/"comparison.csv", dtype=str)   # each variant beside the paper row of its role (Tables 3-4)
+    assert list(comparison.columns) == ["role", "ours", "paper", "table", "ours mAP", "paper mAP", "ours CMC@1", "paper CMC@1"]
+    assert comparison[["role", "ours", "paper", "table", "paper mAP", "paper CMC@1"]].values.tolist() == [
+        ["baseline", "baseline", "Triplet", "Table 3", "76.2", "89.6"],
+        ["ablation", "dmml-no_margin", "DMML w/o Margin", "Table 4", "80.8", "91.7"],
+        ["ablation", "dmml-tau0.2", "DMML (tau=0.2)", "Table 4", "80.6", "92.0"]]
     for f in ("learning_curves.png", "comparison.png"): assert (out/f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
