@@ -13,8 +13,8 @@ import numpy as np, pandas as pd
 from .results import runs_frame, reported, load_histories, run_grid
 
 # %% auto #0
-__all__ = ['STUDY_SETTINGS', 'STUDY_SEEDS', 'study_config', 'drop_checkpoints', 'run_study', 'study_frame', 'paired_difference',
-           'study_table', 'plot_study_curves', 'verdict']
+__all__ = ['STUDY_SETTINGS', 'STUDY_SEEDS', 'STUDY_LIMITS', 'study_config', 'drop_checkpoints', 'run_study', 'study_frame',
+           'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'study_report']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={"strength": 0.5}, backbone="smallcnn", embedding_dim=64, epochs=20,
@@ -100,3 +100,22 @@ def verdict(frame: pd.DataFrame, variant: str, baseline: str = "baseline", datas
             else "the interval includes zero: this study cannot tell the two apart")
     return (f"On {dataset}, {label or variant} changes {metric} by {m:+.1f} ± {half:.1f} points over {p['n']} seeds "
             f"({round(100*confidence)}% interval {100*p['low']:+.1f} to {100*p['high']:+.1f}; {tail}).")
+
+# %% ../nbs/11a_study.ipynb #a9f48038
+STUDY_LIMITS = ("What this study cannot show: it trains a small CNN from scratch on 32-pixel glyphs for minutes of CPU, "
+                "so it says nothing of the method at the paper's scale, with an ImageNet-pretrained backbone, or on "
+                "natural images; a verdict here is about this benchmark only.")
+
+def study_report(method: str, # the method's folder under `results/`
+                 root=None, # the results store (default: `results/` beside `nbs/` of this clone)
+                 dataset: str = "glyphs-XL") -> dict | None: # the benchmark's name in the verdicts
+    "The stored study of `method`: its `frame`, `table`, one verdict per variant, the CPU time; None if none is stored."
+    from dml_book.results import experiments_dir
+    import json
+    root = Path(root) if root is not None else experiments_dir().parent.parent/"results"
+    folder = root/method
+    if not folder.is_dir() or not any(folder.rglob("metrics.json")): return None
+    frame = study_frame(folder)
+    verdicts = [verdict(frame, v, dataset=dataset) for v in frame.variant.unique() if v != "baseline"]
+    timing = json.loads((folder/"study_time.json").read_text()) if (folder/"study_time.json").exists() else {}
+    return dict(root=folder, frame=frame, table=study_table(frame), verdicts=verdicts, cpu_seconds=timing.get("cpu_seconds"))
