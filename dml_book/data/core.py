@@ -115,7 +115,7 @@ def _locate(self: ImageFileDataset, root, download: bool) -> Path:
         if download and self.archives:
             fetch_archives(self.archives, root)
             return find_root(root, self.folders, self.marker, self.layout)
-        if self.archives: hint = f"pass download=True (command line: --dataset-kwargs '{{\"download\": true}}') to fetch {self.archives[0].url}"
+        if self.archives: hint = f"pass download=True to fetch {self.archives[0].url} (command line: --dataset-kwargs '{{\"download\": true}}')"
         else: hint = f"{name} cannot be downloaded automatically: {self.source}"
         raise DatasetNotFoundError(f"{name}: {e}\n{hint}") from None
 ImageFileDataset.locate = _locate
