@@ -244,7 +244,7 @@ def test_adam_is_refused_and_the_paper_presets_follow_the_paper():
     from dml_book.train import preset_config
     cfg = preset_config("ala", "paper-triplet")
     assert cfg.loss_kwargs == {"squared": True}                            # eq. (4): squared distances
-    assert (cfg.lr_backbone, cfg.lr_head, cfg.method_kwargs["assessor_lr"]) == (1e-4, 1e-3, 4e-4)   # Sec. 4.2
+    assert (cfg.lr_backbone, cfg.lr_head, cfg.method_kwargs["assessor_lr"]) == (1e-4, 1e-3, 4e-4)   # Sec. 3.4
     assert (cfg.embedding_dim, cfg.backbone, cfg.transform, cfg.optimizer) == (512, "googlenet", "retrieval227", "sgd")
     assert (cfg.method_kwargs["n_train"], cfg.method_kwargs["n_val"], cfg.method_kwargs["meta_steps"]) == (100, 20, 3)
 
