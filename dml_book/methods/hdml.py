@@ -309,7 +309,7 @@ _paper_hdml = dict(beta=1e4, gen_lambda=0.5, lr_gen=1e-3, lr_softmax=1e-3, windo
 HDML.presets = {
     "paper_triplet": _paper | dict(loss="triplet", loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"), batch_size=120,
                                    method_kwargs=_paper_hdml | dict(pulling_factor=7.0, triplet_batches=True)),
-    "paper_npair": _paper | dict(loss="npair", loss_kwargs=dict(l2_reg=3e-3 / 4), batch_size=128, m_per_class=2,
+    "paper_npair": _paper | dict(loss="npair", loss_kwargs=dict(l2_reg=3e-3 / 4, normalize=False), batch_size=128, m_per_class=2,
                                  method_kwargs=_paper_hdml | dict(pulling_factor=90.0)),
 }
 for _name, _kw in [("no_softmax", dict(softmax=False)), ("no_recon", dict(recon=False)), ("alpha0", dict(pulling_factor=0.0)),
