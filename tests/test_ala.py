@@ -245,6 +245,46 @@ def test_adam_is_refused_and_the_paper_presets_follow_the_paper():
     from dml_book.train import preset_config
     cfg = preset_config("ala", "paper-triplet")
     assert cfg.loss_kwargs == {"squared": True}                            # eq. (4): squared distances
-    assert (cfg.lr_backbone, cfg.lr_head, cfg.method_kwargs["assessor_lr"]) == (1e-4, 1e-3, 4e-4)   # Sec. 4.2
+    assert (cfg.lr_backbone, cfg.lr_head, cfg.method_kwargs["assessor_lr"]) == (1e-4, 1e-3, 4e-4)   # Sec. 3.4
     assert (cfg.embedding_dim, cfg.backbone, cfg.transform, cfg.optimizer) == (512, "googlenet", "retrieval227", "sgd")
     assert (cfg.method_kwargs["n_train"], cfg.method_kwargs["n_val"], cfg.method_kwargs["meta_steps"]) == (100, 20, 3)
+
+
+def _spread_problem(D, n_train, n_val, loss, m=5, feat=32, seed=0):
+    "A deterministic episode of Gaussian classes and an embedding network on its features; the trainer ALA sees."
+    g = torch.Generator().manual_seed(seed); torch.manual_seed(seed)
+    n_cls = (n_train + n_val) // m
+    y = torch.arange(n_cls).repeat_interleave(m)
+    x = torch.randn(n_cls, feat, generator=g)[y] + 0.8 * torch.randn(len(y), feat, generator=g)
+    model = EmbeddingNet(nn.Sequential(nn.Linear(feat, feat), nn.ReLU()), feat, D)
+    cfg = SimpleNamespace(lr_backbone=1e-4, lr_head=1e-3, m_per_class=m, seed=0, optimizer="auto")
+    tr = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), model=model, loss_fn=loss, miner=None, optimizer=None, train_ds=None)
+    return tr, x, y
+
+
+SETTINGS = {   # (embedding dim, method settings, loss): the chapter's built-in run and the paper-* presets' (Sec. 3.4)
+    "chapter": (64, dict(n_train=40, n_val=20, max_tuples=256), TripletLoss()),
+    **{f"paper-{l}": (512, ALA.presets[f"paper-{l}"]["method_kwargs"], LOSSES[l]() if l != "triplet" else TripletLoss(squared=True))
+       for l in ("triplet", "contrastive", "margin")}}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_k_assessor_steps_spread_the_weights(setting):
+    """Adam moves each assessor parameter by about beta per step, and the sigmoid's slope is 1/4 at its centre: the K
+    meta-steps of one iteration must change the weights of the iteration's tuples with a spread (std across tuples) of
+    at least 4 K beta, a logit spread of about 16 K beta, many parameters moving in concert. With PyTorch's LSTM scale
+    on unit-norm embeddings (input_scale=1, the chapter's former assessor) the spread was 1.1-1.6 K beta."""
+    D, mk, loss = SETTINGS[setting]
+    tr, x, y = _spread_problem(D, mk["n_train"], mk["n_val"], loss)
+    method = ALA(**{**mk, "seed": 0}); method.setup(tr)
+    tr.method, tr.optimizer = method, _optimizer(tr.model, tr.cfg)
+    replay = ALA(**mk); replay.arity = method.arity; replay.generator.set_state(method.generator.get_state())
+    emb = tr.model(x[:mk["n_train"]])
+    tuples = tuple_embeddings(emb, replay._tuples(tr, emb, y[:mk["n_train"]]))
+    state = method.state                             # the same tuples and carried state before and after
+    with torch.no_grad(): before = method.assessor(tuples, state)[0]
+    method.training_step(tr, x, y)                   # K meta-steps (eq. 12), then eq. (13)
+    with torch.no_grad(): after = method.assessor(tuples, state)[0]
+    K, beta = method.meta_steps, method.assessor_lr
+    assert (after - before).std() > 4 * K * beta, ((after - before).std(), 4 * K * beta)
+    assert after.std() > before.std()

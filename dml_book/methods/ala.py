@@ -48,19 +48,27 @@ class Assessor(nn.Module):
     "Eq. (8): a two-layer LSTM over the tuples of an iteration, a linear layer and a sigmoid give each tuple a weight."
     def __init__(self, tuple_dim: int, # length of a tuple's concatenated embeddings (arity x embedding_dim)
                  hidden_size: int = 64, # units in each LSTM layer
-                 num_layers: int = 2): # LSTM layers
+                 num_layers: int = 2, # LSTM layers
+                 input_scale: float = 1.0): # the tuples are multiplied by this before the LSTM (see the text)
         super().__init__()
         self.lstm = nn.LSTM(tuple_dim, hidden_size, num_layers)
         self.fc = nn.Linear(hidden_size, 1)
+        self.input_scale = float(input_scale)
 
-    def forward(self, tuples: Tensor, # (T, tuple_dim) the iteration's tuples, in order
-                state: tuple[Tensor, Tensor] | None = None): # (h, c) carried from the previous iteration
-        "Weights `(T,)` in (0, 1) and the LSTM state after the last tuple."
+    def logits(self, tuples: Tensor, state=None):
+        "The fully connected layer's outputs `(T,)` before centring, and the LSTM state after the last tuple."
         if tuples.ndim != 2 or tuples.shape[1] != self.lstm.input_size:
             raise ValueError(f"the assessor takes (T, {self.lstm.input_size}) tuples, got shape {tuple(tuples.shape)}")
         if len(tuples) == 0: return tuples.new_zeros(0), state
-        out, state = self.lstm(tuples.unsqueeze(1), state)      # a sequence of T steps, batch of one
-        return torch.sigmoid(self.fc(out[:, 0])).squeeze(-1), state
+        out, state = self.lstm(self.input_scale * tuples.unsqueeze(1), state)   # a sequence of T steps, batch of one
+        return self.fc(out[:, 0]).squeeze(-1), state
+
+    def forward(self, tuples: Tensor, # (T, tuple_dim) the iteration's tuples, in order
+                state: tuple[Tensor, Tensor] | None = None): # (h, c) carried from the previous iteration
+        "Weights `(T,)` in (0, 1), sigmoid of the centred logits, and the LSTM state after the last tuple."
+        u, state = self.logits(tuples, state)
+        return torch.sigmoid(u - u.mean()) if len(u) else u, state
+
 
 # %% ../../nbs/20_methods.ala.ipynb #e802a3e9
 def one_step(params: dict[str, Tensor], # the parameters theta the loss was computed with
@@ -126,6 +134,7 @@ class ALA(Method):
                  step: str = "head", # parameters of the differentiable step: "head" (cheap) or "all"
                  max_tuples: int = 256, # the tuple budget: tuples per iteration for the assessor and the metric's step
                  hidden_size: int = 64, num_layers: int = 2, # the assessor's LSTM
+                 input_scale: float | None = None, # multiplies the assessor's input; None: sqrt(3 hidden_size / arity)
                  assess: bool = True, # False: the paper's baseline, same episodes and tuples, every weight 1
                  disjoint: bool = True, # False: validation classes drawn from the training subset's (Table 1's "random")
                  seed: int = 0): # seed of the tuple subsampling
@@ -136,6 +145,8 @@ class ALA(Method):
         self.n_train, self.n_val, self.meta_steps, self.assessor_lr = n_train, n_val, meta_steps, assessor_lr
         self.inner_lr, self.step, self.max_tuples = inner_lr, step, max_tuples
         self.hidden_size, self.num_layers, self.assess, self.disjoint = hidden_size, num_layers, assess, disjoint
+        if input_scale is not None and not input_scale > 0: raise ValueError(f"input_scale must be > 0, got {input_scale!r}")
+        self.input_scale = input_scale
         self.generator = torch.Generator().manual_seed(seed)
         self.assessor, self.assessor_opt, self.state, self.last, self.snapshots = None, None, None, {}, []
 
@@ -154,7 +165,8 @@ def _setup(self: ALA, trainer):
         raise ValueError(f"ALA's look-ahead (eq. 10) models a plain gradient step, the step eq. (13) takes; "
                          f"optimizer={name!r} would take another: use sgd (the default for ALA)")
     self.arity = _arity(trainer)
-    self.assessor = Assessor(self.arity * trainer.model.embedding_dim, self.hidden_size, self.num_layers).to(trainer.device)
+    scale = self.input_scale if self.input_scale is not None else (3 * self.hidden_size / self.arity) ** 0.5   # unit-variance gates
+    self.assessor = Assessor(self.arity * trainer.model.embedding_dim, self.hidden_size, self.num_layers, scale).to(trainer.device)
     try: self.assessor_opt = torch.optim.Adam(self.assessor.parameters(), lr=self.assessor_lr, fused=True)  # 5x faster on small tensors
     except (RuntimeError, TypeError): self.assessor_opt = torch.optim.Adam(self.assessor.parameters(), lr=self.assessor_lr)
 ALA.setup = _setup

@@ -313,11 +313,11 @@ def set_extra_state(self: HDML, state: dict):
 
 # %% ../../nbs/21_methods.hdml.ipynb #5d0868e8
 _paper = dict(backbone="googlenet", pretrained=True, embedding_dim=512, normalize=False, lr_backbone=1e-4, lr_head=1e-3,
-              transform="retrieval227", weight_decay=5e-3, epochs=120, method="hdml",      # Sec. 4.1; weight decay: official
+              transform="retrieval227", weight_decay=5e-3, epochs=120, method="hdml",      # Sec. 4.2; weight decay: official
               # not in the paper; the official run: 8000 iterations (~120 epochs of Cars196's 8054 images in batches of 120),
               # the CNN's and projector's rate halved at iterations 5632 and 6848 (70% and 86% of training: epochs 84 and 103)
               lr_schedule="multistep", lr_milestones=(84, 103), lr_gamma=0.5)
-_paper_hdml = dict(beta=1e4, gen_lambda=0.5, lr_gen=1e-3, lr_softmax=1e-3, window=64, hidden=512)   # Sec. 4.1; window: official
+_paper_hdml = dict(beta=1e4, gen_lambda=0.5, lr_gen=1e-3, lr_softmax=1e-3, window=64, hidden=512)   # Sec. 4.2; window: official
 HDML.presets = {
     "paper_triplet": _paper | dict(loss="triplet", loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"), batch_size=120,
                                    method_kwargs=_paper_hdml | dict(pulling_factor=7.0, triplet_batches=True)),
