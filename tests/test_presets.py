@@ -59,27 +59,27 @@ def test_ala_presets():
 
 # --------------------------------------------------------------------------------------------------- HDML (CVPR 2019)
 HDML_PAPER = dict(
-    method="hdml", backbone="googlenet", pretrained=True,   # Sec. 4.1: GoogLeNet with ImageNet weights, FC projector
-    embedding_dim=512,                                       # Sec. 4.1: 512 for all three datasets
-    transform="retrieval227",                                # Sec. 4.1: 256 x 256, random 227 x 227 crops, mirror
+    method="hdml", backbone="googlenet", pretrained=True,   # Sec. 4.2: GoogLeNet with ImageNet weights, FC projector
+    embedding_dim=512,                                       # Sec. 4.2: 512 for all three datasets
+    transform="retrieval227",                                # Sec. 4.2: 256 x 256, random 227 x 227 crops, mirror
     normalize=False,                                         # official code: the projector's output is not L2-normalised
-    lr_backbone=1e-4, lr_head=1e-3,                          # Sec. 4.1: 1e-4 for the CNN, x10 for the FC layers
+    lr_backbone=1e-4, lr_head=1e-3,                          # Sec. 4.2: 1e-4 for the CNN, x10 for the FC layers
     optimizer="adam",                                        # not in the paper; official lib/nn_Ops.py: Adam
     weight_decay=5e-3,                                       # not in the paper; official FLAGS.py (Cars196): 5e-3
     epochs=120,                                              # not in the paper; official 8000 iterations ~ 120 epochs
     lr_schedule="multistep", lr_gamma=0.5,                   # not in the paper; official: halved at iterations 5632, 6848
     lr_milestones=(84, 103), lr_step_per="epoch")            # ... = 70% and 86% of training: epochs 84 and 103 of 120
-HDML_FACTORS = dict(beta=1e4, gen_lambda=0.5,                # Sec. 4.1: beta = 1e4, lambda = 0.5
-                    lr_gen=1e-3, lr_softmax=1e-3,            # Sec. 4.1: the FC layers at 10 x 1e-4 (official gen: 1e-2)
+HDML_FACTORS = dict(beta=1e4, gen_lambda=0.5,                # Sec. 4.2: beta = 1e4, lambda = 0.5
+                    lr_gen=1e-3, lr_softmax=1e-3,            # Sec. 4.2: the FC layers at 10 x 1e-4 (official gen: 1e-2)
                     window=64)                               # official: J_avg over windows of 64 steps
 HDML_LOSS = {
-    "triplet": dict(loss="triplet", batch_size=120,                                     # Sec. 4.1: batches of 120
+    "triplet": dict(loss="triplet", batch_size=120,                                     # Sec. 4.2: batches of 120
                     loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"),        # official: margin 1, squared, sum
-                    method_kwargs=dict(HDML_FACTORS, pulling_factor=7.0,                # Sec. 4.1: alpha = 7 (triplet)
+                    method_kwargs=dict(HDML_FACTORS, pulling_factor=7.0,                # Sec. 4.2: alpha = 7 (triplet)
                                        triplet_batches=True)),                          # official: 40 triplets a batch
-    "npair": dict(loss="npair", batch_size=128, m_per_class=2,                          # Sec. 4.1: 128; pairs per class
+    "npair": dict(loss="npair", batch_size=128, m_per_class=2,                          # Sec. 4.2: 128; pairs per class
                   loss_kwargs=dict(l2_reg=3e-3 / 4, normalize=False),                   # official loss_l2_reg 3e-3 x 1/4, raw z
-                  method_kwargs=dict(HDML_FACTORS, pulling_factor=90.0)),               # Sec. 4.1: alpha = 90 (N-pair)
+                  method_kwargs=dict(HDML_FACTORS, pulling_factor=90.0)),               # Sec. 4.2: alpha = 90 (N-pair)
 }
 HDML_ABLATIONS = {"no_softmax": dict(softmax=False),      # Table 4 / Fig. 5: without J_soft
                   "no_recon": dict(recon=False),          # without J_recon
