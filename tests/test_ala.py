@@ -283,7 +283,7 @@ def test_k_assessor_steps_spread_the_weights(setting):
     tuples = tuple_embeddings(emb, replay._tuples(tr, emb, y[:mk["n_train"]]))
     state = method.state                             # the same tuples and carried state before and after
     with torch.no_grad(): before = method.assessor(tuples, state)[0]
-    method.training_step(tr, x, y)                   # K meta-steps (eq. 12), then eq. (13)
+    method.custom_step(tr, x, y)                      # K meta-steps (eq. 12), then eq. (13)
     with torch.no_grad(): after = method.assessor(tuples, state)[0]
     K, beta = method.meta_steps, method.assessor_lr
     assert (after - before).std() > 4 * K * beta, ((after - before).std(), 4 * K * beta)
