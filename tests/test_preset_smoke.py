@@ -1,0 +1,146 @@
+"""Every paper preset of every method trains one step end to end on the CPU, through `dml-book train`'s own entry point,
+on a replica of its dataset's archive layout, without pretrained weights: the command a user would type,
+
+    dml-book train --method M --preset P --dataset D --data-root REPLICA --no-pretrained --epochs 1 \
+                   --max-steps-per-epoch 1 --device cpu
+
+so that a crash a CPU can find in a minute is not met an hour into a GPU run. The presets are read from the registry:
+one added later is covered without touching this file.
+
+What runs is the preset's own code path: its backbone (ResNet-50, GoogLeNet, ...) built in full without weights, its
+image pipeline at its own size and crop (the replica's tiny JPEGs are resized to 224/227 or 256 x 128 as real photos
+are), its loss, miner, sampler structure and method, the evaluation before and after the step, checkpoint and
+metrics.json. To keep one step to seconds on one CPU core, the following numbers are overridden, and only these:
+
+- the batch: the fewest classes the preset's sampler structure accepts, with the preset's images per class kept:
+  class-balanced batches of 2 classes x `m_per_class`; HDML's triplet batches: one (anchor, positive, negative)
+  triple; ALA's episodes: 2 classes x `m_per_class` in each of the training and validation subsets; DMML's tasks:
+  2 classes x (`n_support` + `n_query`), one task per epoch. (ResNet-50 at 224 x 224 costs about 0.1 s per image
+  forward on one core: the papers' 112-192 image batches would take a minute per step.)
+- PADS: `update_every=1`, so that the one step includes a policy step, the reward's evaluation on the held-out split;
+- SOP's Recall@k levels (1, 10, 100, 1000) -> (1, 2, 4, 8), in the evaluation and in PADS's reward state: Recall@1000
+  needs a gallery of 1000 images, which a replica does not hold.
+- a preset that names no dataset (ALA, HDML) runs on CUB-200-2011, the first dataset of its paper.
+
+All runs share one Python process (the CLI's `main`, called in-process: no repeated torch import) and one set of
+replicas. One preset per distinct path runs by default: a preset is `slow` only when everything that is not a number in
+it (method with dataset and backbone; loss, miner, transform, each method argument ...) already appears in an earlier,
+cheaper preset of the same method; those differ from it only in numbers or in a combination of settings already run.
+"""
+import json
+import pytest
+import dml_book.methods  # noqa: F401  (fills METHODS)
+from dml_book.registry import METHODS
+from dml_book.train import preset_config
+from dml_book.data.replicas import write_cub, write_cars, write_sop, write_market, write_duke, write_veri
+
+
+def _dataset(preset: dict) -> str:
+    "A preset's dataset; one naming none: `TrainConfig`'s default (glyphs) for the small CNN, else CUB-200-2011."
+    return preset.get("dataset") or ("glyphs" if preset.get("backbone", "smallcnn") == "smallcnn" else "cub200")
+
+# Enough training classes for PADS's held-out reward split to hold more than 8 images (Recall@8); test splits of 3
+# classes x 3 images (retrieval: a gallery of 8 besides the query) or 2 identities (re-id: a gallery of 12, CMC@10).
+TRAIN, TRAIN_IDS, REID_CAMS = tuple(range(1, 11)), tuple(range(100, 104)), dict(n_cams=5, per_cam=1)
+REPLICAS = dict(cub200=lambda r: write_cub(r, classes=TRAIN + (101, 102, 103), per_class=3),
+                cars196=lambda r: write_cars(r, classes=TRAIN + (99, 100, 101), per_class=3),
+                sop=lambda r: write_sop(r, n_train=20, n_test=2, per_class=5),
+                market1501=lambda r: write_market(r, train_ids=TRAIN_IDS, test_ids=(1, 3), **REID_CAMS, distractors=0),
+                dukemtmc=lambda r: write_duke(r, train_ids=TRAIN_IDS, test_ids=(2, 6), **REID_CAMS),
+                veri776=lambda r: write_veri(r, train_ids=TRAIN_IDS, test_ids=(3, 6), **REID_CAMS))
+GLYPHS = {"per_font": 1, "size": 16}   # the built-in glyphs at a quarter of the pixels and half the images
+COST = {"smallcnn": 0, "resnet18": 1, "googlenet": 1, "resnet50": 2}   # cheaper presets claim the shared settings first
+
+
+def _shape(v):
+    "A preset value with its numbers dropped: what decides the code path."
+    if isinstance(v, bool) or v is None or isinstance(v, str): return v
+    if isinstance(v, (int, float)): return "#"
+    if isinstance(v, dict): return tuple(sorted((k, _shape(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)): return tuple(_shape(x) for x in v)
+    return type(v).__name__
+
+
+def _settings(method: str, preset: dict) -> set:
+    "What is not a number in a preset: its path (method, dataset, backbone) and each other field or method argument."
+    path = {(method, "path", _dataset(preset), preset.get("backbone", "smallcnn"))}
+    kwargs = {(method, "method_kwargs", k, _shape(v)) for k, v in preset.get("method_kwargs", {}).items()}
+    return path | kwargs | {(method, k, _shape(v)) for k, v in preset.items() if k not in ("dataset", "backbone", "method_kwargs")}
+
+
+def _cases():
+    "Every (method, preset); `slow` when all its settings already appear in a cheaper or earlier preset of the method."
+    presets = [(m, n, p) for m in METHODS.names() for n, p in METHODS.get(m).presets.items()]
+    order = sorted(range(len(presets)), key=lambda i: COST.get(presets[i][2].get("backbone", "smallcnn"), 3))
+    seen, slow = set(), set()
+    for i in order:
+        new = _settings(presets[i][0], presets[i][2]) - seen
+        if not new: slow.add(i)
+        seen |= new
+    return [pytest.param(m, n, id=f"{m}-{n}", marks=[pytest.mark.slow] if i in slow else [])
+            for i, (m, n, _) in enumerate(presets)]
+
+
+def smallest_run(method: str, preset: str) -> list[str]:
+    "The overriding flags of the module docstring: the fewest classes per batch the preset's sampler takes, and so on."
+    cfg = preset_config(method, preset)
+    kw, args = dict(cfg.method_kwargs), []
+    if method == "ala": kw.update(n_train=2 * cfg.m_per_class, n_val=2 * cfg.m_per_class)
+    elif method == "dmml":
+        kw.update(n_classes=2, tasks_per_epoch=1)
+        args += ["--batch-size", str(2 * (kw.get("n_support", 5) + kw.get("n_query", 1)))]
+    elif method == "hdml" and kw.get("triplet_batches") and cfg.loss == "triplet": args += ["--batch-size", "3"]
+    else: args += ["--batch-size", str(2 * cfg.m_per_class)]
+    if method == "pads": kw["update_every"] = 1
+    if max(cfg.ks) > 8:
+        args += ["--ks", "1", "2", "4", "8"]
+        if "recall_ks" in kw: kw["recall_ks"] = [1, 2, 4, 8]
+    if kw != cfg.method_kwargs: args += ["--method-kwargs", json.dumps(kw)]
+    if _dataset(METHODS.get(method).presets[preset]) == "glyphs": args += ["--dataset-kwargs", json.dumps(GLYPHS)]
+    return args
+
+
+def _argv(method: str, preset: str, data_root, out) -> list[str]:
+    return ["train", "--method", method, "--preset", preset, "--dataset", _dataset(METHODS.get(method).presets[preset]),
+            "--data-root", str(data_root), "--no-pretrained", "--epochs", "1", "--max-steps-per-epoch", "1",
+            "--device", "cpu", "--num-workers", "0", "--no-umap", "--no-progress", "--out", str(out),
+            *smallest_run(method, preset)]
+
+
+def _as_json(v): return json.loads(json.dumps(v))   # tuples as lists, as metrics.json holds them
+
+
+@pytest.fixture(scope="module")
+def replica_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("replicas")
+    for write in REPLICAS.values(): write(root)
+    return root
+
+
+@pytest.mark.parametrize("method,preset", [pytest.param(m, n, id=f"{m}-{n}") for m in METHODS.names() for n in METHODS.get(m).presets])
+def test_preset_passes_the_validation_boundary(method, preset, tmp_path):
+    "Every preset, exactly as the paper gives it (no override but the weights), passes `check_config` (milliseconds each)."
+    from dml_book.config import check_config
+    check_config(preset_config(method, preset, pretrained=False, data_root=str(tmp_path), device="cpu"))
+
+
+@pytest.mark.parametrize("method,preset", _cases())
+def test_preset_trains_one_step_on_the_cpu(method, preset, replica_root, tmp_path, one_thread):
+    from dml_book.cli import main
+    out, own = tmp_path/"run", METHODS.get(method).presets[preset]
+    argv = _argv(method, preset, replica_root, out)
+    assert main(argv) == 0
+    cfg = json.loads((out/"metrics.json").read_text())["config"]
+    overridden = {"pretrained", "epochs", "batch_size", "method_kwargs", "ks", "dataset_kwargs"}
+    assert {k: cfg[k] for k in own if k not in overridden} == {k: _as_json(v) for k, v in own.items() if k not in overridden}
+    kw = cfg["method_kwargs"]   # the preset's method arguments, but for the batch structure's sizes
+    assert {k: kw[k] for k in own.get("method_kwargs", {}) if k not in ("n_train", "n_val", "n_classes", "tasks_per_epoch",
+            "update_every", "recall_ks")} == {k: _as_json(v) for k, v in own.get("method_kwargs", {}).items()
+                                              if k not in ("n_train", "n_val", "n_classes", "tasks_per_epoch", "update_every", "recall_ks")}
+    log = [json.loads(line) for line in (out/"log.jsonl").read_text().splitlines()]
+    steps = [r for r in log if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1]                                              # exactly one training step
+    assert [r["epoch"] for r in log if r["kind"] == "epoch"] == [0, 1]                    # evaluated before and after it
+    if method == "pads": assert "val_R@1" in steps[0]                                     # the policy step's reward split
+    final = json.loads((out/"metrics.json").read_text())["final"]
+    assert final and all(0 <= v <= 1 for k, v in final.items() if k.startswith(("R@", "CMC@", "mAP")))
