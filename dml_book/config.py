@@ -135,6 +135,7 @@ def check_config(cfg) -> None:
                           f"to fetch it there: --data-root DIR --dataset-kwargs '{{\"download\": true}}'")
     method_cls = METHODS.get(cfg.method); check_kwargs("method", cfg.method, method_cls, cfg.method_kwargs)
     if not getattr(method_cls, "own_loss", None):
-        check_kwargs("loss", cfg.loss, LOSSES.get(cfg.loss), cfg.loss_kwargs, dict(num_classes=2, embedding_size=cfg.embedding_dim))
-    if cfg.miner: check_kwargs("miner", cfg.miner, MINERS.get(cfg.miner), cfg.miner_kwargs)
+        check_kwargs("loss", cfg.loss, LOSSES.get(cfg.loss), cfg.loss_kwargs,   # built as the trainer builds it: the head normalises
+                     dict(num_classes=2, embedding_size=cfg.embedding_dim, normalize=False))
+    if cfg.miner: check_kwargs("miner", cfg.miner, MINERS.get(cfg.miner), cfg.miner_kwargs, dict(normalize=False))
     elif cfg.miner_kwargs: raise ConfigError(f"miner_kwargs {cfg.miner_kwargs} given without a miner")
