@@ -75,13 +75,13 @@ class TrainConfig:
 # %% ../nbs/08_train.ipynb #d93a80bc
 def preset_config(method: str, preset: str | None = None, **overrides) -> TrainConfig:
     "A `TrainConfig` for `method` with the method's named `preset` applied, then `overrides`."
-    import dml_book.methods  # fills METHODS
+    import copy, dml_book.methods  # fills METHODS
     cfg = TrainConfig(method=method)
     if preset is not None:
         presets = METHODS.get(method).presets
         if preset not in presets:
             raise ConfigError(f"unknown preset {preset!r} for method {method!r}; choose from: {', '.join(presets) or 'none'}")
-        cfg = replace(cfg, **presets[preset])
+        cfg = replace(cfg, **copy.deepcopy(presets[preset]))   # a run never shares (or edits) the preset's dicts
     return replace(cfg, **overrides)
 
 # %% ../nbs/08_train.ipynb #6942bfa0

@@ -237,3 +237,14 @@ def test_check_catches_a_changed_value():
     with pytest.raises(AssertionError, match="lr_backbone"): check("pads", "cub200", lr_backbone=1e-4)
     with pytest.raises(AssertionError, match="beta"): check("pads", "cub200", loss_kwargs=dict(beta=1.2))
     with pytest.raises(AssertionError, match="<missing>"): check("ala", "paper", method_kwargs=dict(no_such_key=1))
+
+
+def test_a_run_never_edits_a_preset():
+    "A run's config owns copies of the preset's dicts: editing them (as the command line's merges do) leaves the preset as pinned."
+    import copy
+    from dml_book.registry import METHODS
+    from dml_book.train import preset_config
+    before = copy.deepcopy(METHODS.get("dmml").presets["market1501"])
+    cfg = preset_config("dmml", "market1501")
+    cfg.method_kwargs["n_classes"] = 2; cfg.loss_kwargs["x"] = 1
+    assert METHODS.get("dmml").presets["market1501"] == before
