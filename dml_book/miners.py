@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from .registry import MINERS
 from .distances import check_batch, euclidean, squared_euclidean, pair_masks
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['Miner', 'SemiHardMiner', 'BatchHardMiner', 'DistanceWeightedMiner', 'RandomTripletMiner']
@@ -90,14 +91,14 @@ class DistanceWeightedMiner(Miner):
         return torch.softmax(logw, 1).nan_to_num(0.)  # softmax = weights / their row sum, stably
 
 # %% ../nbs/05_miners.ipynb #3d345c94
-def _mine_dw(self: DistanceWeightedMiner, embeddings, labels):
+@patch
+def mine(self: DistanceWeightedMiner, embeddings, labels):
     probs = self.probabilities(embeddings, labels)
     a, p = torch.where(pair_masks(labels)[0])
     keep = probs[a].sum(1) > 0
     a, p = a[keep], p[keep]
     if len(a) == 0: return a, p, a.clone()
     return a, p, torch.multinomial(probs[a], 1, replacement=True)[:, 0]
-DistanceWeightedMiner.mine = _mine_dw
 
 # %% ../nbs/05_miners.ipynb #4d3a87bf
 @MINERS.register("random")

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['class_index', 'draw', 'ddp_share', 'ClassBalancedBatchSampler', 'EpisodeSampler', 'TripletBatchSampler',
@@ -88,14 +89,14 @@ def _next_classes(rng: np.random.Generator, queue: list, n_classes: int, k: int)
     return out
 
 # %% ../nbs/02_samplers.ipynb #51ff677b
-def _iter_cb(self: ClassBalancedBatchSampler):
+@patch
+def __iter__(self: ClassBalancedBatchSampler):
     rng, queue = self._rng(), []
     k, m = self.classes_per_batch, self.m_per_class
     for _ in range(len(self)):
         classes = _next_classes(rng, queue, self.n_labels, k * self.world_size)
         batch = [draw(rng, self.groups[c], m) for c in classes]           # global batch, same on every rank
         yield np.concatenate(batch[self.rank * k:(self.rank + 1) * k]).tolist()
-ClassBalancedBatchSampler.__iter__ = _iter_cb
 
 # %% ../nbs/02_samplers.ipynb #6a7f283b
 class EpisodeSampler(_LabelSampler):
@@ -120,7 +121,8 @@ class EpisodeSampler(_LabelSampler):
     def __len__(self) -> int: return self.episodes_per_epoch
 
 # %% ../nbs/02_samplers.ipynb #6497cf66
-def _iter_episodes(self: EpisodeSampler):
+@patch
+def __iter__(self: EpisodeSampler):
     rng, m = self._rng(), self.m_per_class
     for e in range(len(self) * self.world_size):
         if self.disjoint: classes = rng.choice(self.n_labels, (self.n_train + self.n_val) // m, replace=False)
@@ -129,7 +131,6 @@ def _iter_episodes(self: EpisodeSampler):
             classes = np.concatenate([train, rng.choice(train, self.n_val // m, replace=False)])   # validation among them
         episode = np.concatenate([draw(rng, self.groups[c], m) for c in classes])
         if e % self.world_size == self.rank: yield episode.tolist()
-EpisodeSampler.__iter__ = _iter_episodes
 
 # %% ../nbs/02_samplers.ipynb #623c678b
 class TripletBatchSampler(_LabelSampler):
@@ -173,10 +174,10 @@ class TaskSampler(_LabelSampler):
     def __len__(self) -> int: return self.tasks_per_epoch
 
 # %% ../nbs/02_samplers.ipynb #959f2270
-def _iter_tasks(self: TaskSampler):
+@patch
+def __iter__(self: TaskSampler):
     rng, per_class = self._rng(), self.n_support + self.n_query
     for t in range(len(self) * self.world_size):
         classes = rng.choice(self.n_labels, self.n_classes, replace=False)
         task = np.concatenate([draw(rng, self.groups[c], per_class) for c in classes])
         if t % self.world_size == self.rank: yield task.tolist()
-TaskSampler.__iter__ = _iter_tasks

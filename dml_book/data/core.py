@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from ..registry import DATASETS, ConfigError
 from .download import Archive, fetch_archives
 from .transforms import get_transform
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['DatasetNotFoundError', 'ImageReadError', 'load_image', 'find_root', 'check_files', 'ImageFileDataset',
@@ -81,7 +82,8 @@ class ImageFileDataset(Dataset):
         return sorted(set(keys))
 
 # %% ../../nbs/01d_data.core.ipynb #07955db5
-def _init(self: ImageFileDataset, root, split: str = "train", transform=None, download: bool = False):
+@patch
+def __init__(self: ImageFileDataset, root, split: str = "train", transform=None, download: bool = False):
     if split not in self.splits:
         raise ValueError(f"{type(self).__name__} has no split {split!r}; choose from: {', '.join(self.splits)}")
     self.split, self.transform = split, transform
@@ -95,19 +97,19 @@ def _init(self: ImageFileDataset, root, split: str = "train", transform=None, do
     self.paths, self.class_keys = paths, order
     self.labels = np.searchsorted(np.asarray(order), np.asarray(keys)).astype(np.int64)
     self.class_names = [names[k] for k in order]
-ImageFileDataset.__init__ = _init
 
 # %% ../../nbs/01d_data.core.ipynb #dd3dec54
-def _read_checked(self: ImageFileDataset, split: str):
+@patch
+def read_checked(self: ImageFileDataset, split: str):
     "`read_index`, then a check that the split has images and that all of them are on disk."
     paths, keys, names = self.read_index(self.root, split)
     if not paths: raise DatasetNotFoundError(f"{self.root} holds no images for split {split!r}; the layout is:\n{self.layout}")
     check_files(paths, self.index, self.layout)
     return paths, keys, names
-ImageFileDataset.read_checked = _read_checked
 
 # %% ../../nbs/01d_data.core.ipynb #b2174b41
-def _locate(self: ImageFileDataset, root, download: bool) -> Path:
+@patch
+def locate(self: ImageFileDataset, root, download: bool) -> Path:
     "The dataset folder under `root`, downloaded and extracted first if `download` and it is missing."
     name = type(self).__name__
     try: return find_root(root, self.folders, self.marker, self.layout)
@@ -118,19 +120,27 @@ def _locate(self: ImageFileDataset, root, download: bool) -> Path:
         if self.archives: hint = f"pass download=True to fetch {self.archives[0].url}"
         else: hint = f"{name} cannot be downloaded automatically: {self.source}"
         raise DatasetNotFoundError(f"{name}: {e}\n{hint}") from None
-ImageFileDataset.locate = _locate
 
 # %% ../../nbs/01d_data.core.ipynb #aa875f1f
-def _getitem(self: ImageFileDataset, i: int):
+@patch
+def __getitem__(self: ImageFileDataset, i: int):
     img = load_image(self.paths[i])
     return (self.transform(img) if self.transform is not None else img), int(self.labels[i])
 
-ImageFileDataset.__getitem__ = _getitem
-ImageFileDataset.__len__ = lambda self: len(self.paths)
-ImageFileDataset.__repr__ = lambda self: (f"{type(self).__name__}(split={self.split!r}, {len(self)} images, "
-                                          f"{len(self.class_names)} classes, root={str(self.root)!r})")
-ImageFileDataset.default_transform = classmethod(lambda cls, train: get_transform(cls.transform_preset, train))
-ImageFileDataset.default_transform.__func__.__doc__ = "The paper-protocol transform (PIL image -> normalised tensor)."
+@patch
+def __len__(self: ImageFileDataset): return len(self.paths)
+
+@patch
+def __repr__(self: ImageFileDataset):
+    return (f"{type(self).__name__}(split={self.split!r}, {len(self)} images, "
+            f"{len(self.class_names)} classes, root={str(self.root)!r})")
+
+@patch(cls_method=True)
+def default_transform(cls: ImageFileDataset,
+                      train: bool, # the training transform (augmenting) rather than the evaluation one
+                     ):
+    "The paper-protocol transform (PIL image -> normalised tensor)."
+    return get_transform(cls.transform_preset, train)
 
 # %% ../../nbs/01d_data.core.ipynb #a7af1241
 class LabelledSubset(torch.utils.data.Dataset):
@@ -163,7 +173,6 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
         if transform is None: raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
         transform = get_transform(cfg.transform, train)
     return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
-
 
 # %% ../../nbs/01d_data.core.ipynb #b4c8ee29
 def _spec_from_pipeline(tf) -> dict:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from ..distances import check_batch, check_tuple
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LossOutput', 'Reduction', 'as_reduction', 'reduce_losses', 'masked_reduce', 'NonFiniteError', 'check_finite',
@@ -97,7 +98,8 @@ class BaseLoss(nn.Module):
         return None
 
 # %% ../../nbs/04_losses.base.ipynb #2b85609a
-def _forward(self: BaseLoss,
+@patch
+def forward(self: BaseLoss,
              embeddings: Tensor, # (B, D) embeddings
              labels: Tensor, # (B,) integer class labels
              indices_tuple: tuple|None = None, # (a, p, n) or (a1, p, a2, n) from a miner; all valid tuples when None
@@ -120,4 +122,3 @@ def _forward(self: BaseLoss,
                              f"got {tuple(weights.shape) if torch.is_tensor(weights) else type(weights).__name__}")
         weights = weights.to(out.losses.dtype)
     return reduce_losses(out, self.reduction, weights)
-BaseLoss.forward = _forward
