@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect, math
 from dataclasses import fields
 import torch
+from .registry import check_choice
 
 # %% auto #0
 __all__ = ['FIELD_CHECKS', 'positive_int', 'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict',
@@ -125,8 +126,7 @@ def check_config(cfg) -> None:
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
     from dml_book.models import BACKBONES
     check_fields(cfg); check_device(cfg.device)
-    if cfg.backbone not in ("smallcnn", *BACKBONES):
-        raise ConfigError(f"unknown backbone {cfg.backbone!r}; choose from: smallcnn, {', '.join(BACKBONES)}")
+    check_choice("backbone", cfg.backbone, ("smallcnn", *BACKBONES), ConfigError)
     if cfg.pretrained and cfg.backbone == "smallcnn": raise ConfigError("pretrained=True: the smallcnn backbone has no pretrained weights")
     ds = DATASETS.get(cfg.dataset)
     root = inspect.signature(ds).parameters.get("root")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 import numpy as np
 from .inference import load_run, embed, image_files, open_image
+from .registry import check_choice
 from fastcore.basics import patch
 
 # %% auto #0
@@ -22,8 +23,7 @@ METRICS = ("l2", "ip")
 def _faiss_index(dim: int, metric: str, kind: str, nlist: int, hnsw_m: int):
     "An empty faiss index of the given kind and metric."
     import faiss
-    if metric not in METRICS: raise ValueError(f"unknown metric {metric!r}; choose from: {', '.join(METRICS)}")
-    if kind not in KINDS: raise ValueError(f"unknown index kind {kind!r}; choose from: {', '.join(KINDS)}")
+    check_choice("metric", metric, METRICS); check_choice("index kind", kind, KINDS)
     fm = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
     if kind == "flat": return faiss.IndexFlatL2(dim) if metric == "l2" else faiss.IndexFlatIP(dim)
     if kind == "hnsw": return faiss.IndexHNSWFlat(dim, hnsw_m, fm)

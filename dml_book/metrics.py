@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import faiss
 from fastprogress.fastprogress import progress_bar
+from .registry import check_choice
 
 # %% auto #0
 __all__ = ['DISTANCES', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu_available', 'gpu_ids', 'shard_gallery',
@@ -43,7 +44,7 @@ def as_labels(y, n: int, name: str = "labels") -> np.ndarray:
 DISTANCES = ("euclidean", "cosine")
 
 def _check_distance(distance: str):
-    if distance not in DISTANCES: raise ValueError(f"unknown distance {distance!r}; choose from: {', '.join(DISTANCES)}")
+    check_choice("distance", distance, DISTANCES)
 
 def prepare(x: np.ndarray, distance: str) -> np.ndarray:
     "Embeddings as faiss compares them: unchanged for Euclidean, L2-normalised for cosine."
@@ -249,7 +250,7 @@ def evaluate(embeddings,                       # (N, D) test embeddings (the que
             ) -> dict[str, float]:
     "Recall@K, NMI, F1, MAP@R and R-Precision of `embeddings` (queries) against themselves or a `gallery`."
     bad = set(metrics) - set(METRICS)
-    if bad: raise ValueError(f"unknown metrics {sorted(bad)}; choose from: {', '.join(METRICS)}")
+    if bad: check_choice("metrics", sorted(bad), METRICS)
     _check_distance(distance)
     q = as_embeddings(embeddings); ql = as_labels(labels, len(q))
     g = gl = None

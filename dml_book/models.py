@@ -8,6 +8,7 @@ Docs: https://dml-book.github.io/dml_book/models.html.md"""
 from __future__ import annotations
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
+from .registry import check_choice
 
 # %% auto #0
 __all__ = ['BACKBONES', 'EmbeddingHead', 'EmbeddingNet', 'SmallCNN', 'PretrainedWeightsUnavailable', 'torchvision_backbone',
@@ -80,7 +81,7 @@ def torchvision_backbone(name: str, # a key of BACKBONES
                          last_stride: int = 2) -> nn.Module: # 1: no down-sampling in ResNet's last stage (re-id)
     "A torchvision classifier without its last layer, optionally with ImageNet weights (downloaded or from a file)."
     import torchvision   # imported on use: it takes seconds, and SmallCNN runs without it
-    if name not in BACKBONES: raise ValueError(f"unknown backbone {name!r}; choose from: smallcnn, {', '.join(BACKBONES)}")
+    check_choice("backbone", name, BACKBONES)
     if last_stride not in (1, 2): raise ValueError(f"last_stride must be 1 or 2, got {last_stride}")
     kw = dict(aux_logits=False, init_weights=False) if name == "googlenet" else {}
     weights = None
@@ -129,7 +130,7 @@ def build_model(backbone: str = "smallcnn", # "smallcnn", "resnet18", "resnet50"
                 last_stride: int = 2, # 1: no down-sampling in a ResNet's last stage
                 freeze_bn: bool = False) -> EmbeddingNet: # backbone BatchNorm frozen: running statistics and affine parameters fixed
     "An `EmbeddingNet` with the named backbone and a linear (optionally normalised) head."
-    if head not in ("linear", "identity"): raise ValueError(f"unknown head {head!r}; choose from: identity, linear")
+    check_choice("head", head, ("identity", "linear")); check_choice("backbone", backbone, ("smallcnn", *BACKBONES))
     if backbone == "smallcnn":
         if last_stride != 2: raise ValueError("last_stride applies to ResNet backbones, not smallcnn")
         if freeze_bn: raise ValueError("freeze_bn applies to pretrained torchvision backbones, not smallcnn")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json, math
 from pathlib import Path
 import numpy as np, pandas as pd
+from .registry import check_choice
 
 # %% auto #0
 __all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
@@ -170,7 +171,7 @@ def find_experiment(name: str) -> Path:
     "The notebook of experiment `name` (or a path to a notebook)."
     if name.endswith(".ipynb") and Path(name).exists(): return Path(name)
     path = experiments_dir()/f"{name}.ipynb"
-    if not path.exists(): raise ExperimentError(f"unknown experiment {name!r}; choose from: {', '.join(experiment_names())}")
+    if not path.exists(): check_choice("experiment", name, experiment_names(), ExperimentError)
     return path
 
 # %% ../nbs/11_results.ipynb #327b9f5c

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, asdict, fields, replace
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
-from .registry import DATASETS, LOSSES, MINERS, METHODS
+from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
 from .data.core import LabelledSubset, build_split, preprocessing_spec
 from .models import build_model
 from .methods.base import Method
@@ -79,8 +79,7 @@ def preset_config(method: str, preset: str | None = None, **overrides) -> TrainC
     cfg = TrainConfig(method=method)
     if preset is not None:
         presets = METHODS.get(method).presets
-        if preset not in presets:
-            raise ConfigError(f"unknown preset {preset!r} for method {method!r}; choose from: {', '.join(presets) or 'none'}")
+        check_choice("preset", preset, presets, ConfigError, owner=f"method {method!r}")
         cfg = replace(cfg, **presets[preset])
     return replace(cfg, **overrides)
 
@@ -99,9 +98,9 @@ def resolve_device(device: str, local_rank: int = 0) -> torch.device:
 def build_optimizer(cfg: TrainConfig, groups: list[dict], method=None) -> torch.optim.Optimizer:
     "The run's optimiser over `groups`: `cfg.optimizer`, or for `auto` the method's `optimizer_name` (else Adam)."
     name = cfg.optimizer if cfg.optimizer != "auto" else getattr(method, "optimizer_name", "adam")
-    if name == "adam": return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
+    check_choice("optimizer", name, ("adam", "sgd"), ConfigError)
     if name == "sgd": return torch.optim.SGD(groups, lr=cfg.lr_head, weight_decay=cfg.weight_decay)
-    raise ConfigError(f"unknown optimizer {name!r}; choose from: adam, auto, sgd")
+    return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
 
 def _load_registries():
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
@@ -110,7 +109,7 @@ _SCHEDULES = ("constant", "step", "multistep", "exponential")
 
 def build_scheduler(optimizer, cfg: TrainConfig):
     "The learning-rate schedule `cfg` names over `optimizer` (None for a constant rate)."
-    if cfg.lr_schedule not in _SCHEDULES: raise ConfigError(f"unknown lr_schedule {cfg.lr_schedule!r}; choose from: {', '.join(_SCHEDULES)}")
+    check_choice("lr_schedule", cfg.lr_schedule, _SCHEDULES, ConfigError)
     if cfg.lr_step_per not in ("epoch", "iteration"): raise ConfigError(f"lr_step_per must be 'epoch' or 'iteration', not {cfg.lr_step_per!r}")
     S = torch.optim.lr_scheduler
     if cfg.lr_schedule == "step": return S.StepLR(optimizer, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)

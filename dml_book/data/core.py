@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 import torch
 from torch.utils.data import Dataset
-from ..registry import DATASETS, ConfigError
+from ..registry import DATASETS, ConfigError, check_choice
 from .download import Archive, fetch_archives
 from .transforms import get_transform
 from fastcore.basics import patch
@@ -84,8 +84,7 @@ class ImageFileDataset(Dataset):
 # %% ../../nbs/01d_data.core.ipynb #07955db5
 @patch
 def __init__(self: ImageFileDataset, root, split: str = "train", transform=None, download: bool = False):
-    if split not in self.splits:
-        raise ValueError(f"{type(self).__name__} has no split {split!r}; choose from: {', '.join(self.splits)}")
+    check_choice("split", split, self.splits, owner=type(self).__name__)
     self.split, self.transform = split, transform
     self.root = self.locate(root, download)
     try: paths, keys, names = self.read_checked(split)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from ..distances import check_batch, check_tuple
+from ..registry import check_choice
 from fastcore.basics import patch
 
 # %% auto #0
@@ -33,8 +34,7 @@ class Reduction(str, Enum):
 
 def as_reduction(r: str|Reduction) -> Reduction:
     "`Reduction` from its name, with an error listing the choices."
-    try: return Reduction(r)
-    except ValueError: raise ValueError(f"unknown reduction {r!r}; choose from: {', '.join(x.value for x in Reduction)}") from None
+    return check_choice("reduction", r, Reduction)
 
 # %% ../../nbs/04_losses.base.ipynb #0e18bfd3
 def _reduce_block(l: Tensor, w: Tensor|None, c: Tensor|None, r: Reduction) -> Tensor:

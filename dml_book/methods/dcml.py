@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
-from ..registry import METHODS, LOSSES
+from ..registry import METHODS, LOSSES, check_choice
 from .base import Method
 import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
 
@@ -57,7 +57,7 @@ class Compositor(nn.Module):
         super().__init__()
         if min(in_features, n_learners, n_compositors) < 1:
             raise ValueError(f"in_features, n_learners and n_compositors must be >= 1, got {in_features}, {n_learners}, {n_compositors}")
-        if weighting not in ("softmax", "relu"): raise ValueError(f"unknown weighting {weighting!r}; choose from: relu, softmax")
+        check_choice("weighting", weighting, ("relu", "softmax"))
         self.n_learners, self.n_compositors, self.use_sign, self.weighting_fn = n_learners, n_compositors, use_sign, weighting
         self.weighting = nn.Parameter(torch.randn(n_compositors, n_learners, in_features))  # W_m, eq. 4
         self.weighting_bias = nn.Parameter(torch.zeros(n_compositors, n_learners))

@@ -16,6 +16,7 @@ from ..registry import METHODS
 from ..distances import squared_euclidean
 from ..samplers import TaskSampler, ddp_share
 from .base import Method
+from ..registry import check_choice
 
 # %% auto #0
 __all__ = ['Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss', 'MetaCellLoss',
@@ -55,8 +56,7 @@ class SetDistance(str, Enum):
 
 def _choose(enum: type[Enum], value, what: str):
     "`value` as a member of `enum`; a ValueError listing the choices otherwise."
-    try: return enum(value)
-    except ValueError: raise ValueError(f"unknown {what} {value!r}; choose from: {', '.join(m.value for m in enum)}") from None
+    return check_choice(what, value, enum)
 
 # %% ../../nbs/24_methods.dmml.ipynb #eb50d008
 def meta_cell_distances(query: torch.Tensor, # (Q, D) query embeddings

@@ -13,7 +13,7 @@ from torch import nn, Tensor
 from fastcore.basics import patch
 from ..distances import euclidean, check_batch
 from ..metrics import evaluate
-from ..registry import METHODS, DATASETS
+from ..registry import METHODS, DATASETS, check_choice
 from ..data.core import LabelledSubset, build_split
 from .base import Method
 from ..distributed import broadcast_object
@@ -44,7 +44,7 @@ class BinnedDistribution(nn.Module):
         super().__init__()
         if not 0 <= lambda_min < lambda_max: raise ValueError(f"need 0 <= lambda_min < lambda_max, got {lambda_min}, {lambda_max}")
         if n_bins < 1: raise ValueError(f"n_bins must be at least 1, got {n_bins}")
-        if rule not in ("bin", "candidate"): raise ValueError(f"unknown sampling rule {rule!r}; choose from: bin, candidate")
+        check_choice("sampling rule", rule, ("bin", "candidate"))
         self.rule = rule
         self.register_buffer("edges", torch.linspace(lambda_min, lambda_max, n_bins + 1, dtype=torch.float64))
         self.register_buffer("probs", torch.full((n_bins,), 1 / n_bins, dtype=torch.float64))
@@ -160,11 +160,11 @@ def init_probs(kind: str, # one of INITS
                floor: float = 1e-3, # relative mass of the bins outside the emphasis
               ) -> Tensor: # (K,) probabilities summing to 1
     "Initial bin probabilities: `uniform_low` (the paper's emphasis on small distances), `normal`, `uniform`, or `distance` (eq. 2)."
+    check_choice("initial distribution", kind, INITS)
     if kind == "uniform_low": p = ((centers >= low[0]) & (centers <= low[1])).double().clamp_min(floor)
     elif kind == "normal": p = torch.exp(-0.5 * ((centers.double() - normal[0]) / normal[1]) ** 2).clamp_min(floor)
     elif kind == "uniform": p = torch.ones_like(centers, dtype=torch.float64)
     elif kind == "distance": p = DistanceWeighted(dim, cutoff=0.5, nonzero_loss_cutoff=math.inf)(centers[None].double())[0]
-    else: raise ValueError(f"unknown initial distribution {kind!r}; choose from: {', '.join(INITS)}")
     return p / p.sum()
 
 
@@ -225,7 +225,7 @@ class PADS(Method):
                  adapt: bool = True, # False: train with the fixed initial distribution
                  seed: int = 0): # seed of the sampler, the policy's actions and the validation split
         super().__init__()
-        if init not in INITS: raise ValueError(f"unknown initial distribution {init!r}; choose from: {', '.join(INITS)}")
+        check_choice("initial distribution", init, INITS)
         if update_every < 1: raise ValueError(f"update_every must be at least 1, got {update_every}")
         if 1 not in recall_ks: raise ValueError(f"recall_ks must contain 1 (the reward uses Recall@1), got {recall_ks}")
         self.distribution = BinnedDistribution(None, lambda_min, lambda_max, n_bins, sampling_rule)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
 from fastcore.basics import patch
+from ..registry import check_choice
 
 # %% auto #0
 __all__ = ['ACTION_VALUES', 'ALGORITHMS', 'BASELINES', 'apply_actions', 'TrainingState', 'PolicyNet', 'log_prob',
@@ -122,8 +123,7 @@ class PolicyLearner(nn.Module):
                  ema_rate: float = 0.05, # moving-average baseline rate
                  value_coef: float = 0.5): # weight of the critic's squared error
         super().__init__()
-        if algorithm not in ALGORITHMS: raise ValueError(f"unknown algorithm {algorithm!r}; choose from: {', '.join(ALGORITHMS)}")
-        if baseline not in BASELINES: raise ValueError(f"unknown baseline {baseline!r}; choose from: {', '.join(BASELINES)}")
+        check_choice("algorithm", algorithm, ALGORITHMS); check_choice("baseline", baseline, BASELINES)
         self.action_values, self.algorithm, self.baseline = tuple(action_values), algorithm, baseline
         self.clip, self.old_policy_every, self.gamma, self.ema_rate, self.value_coef = clip, old_policy_every, gamma, ema_rate, value_coef
         self.policy = PolicyNet(state_dim, n_bins, len(self.action_values), hidden)
