@@ -70,7 +70,11 @@ def add(self: Index, embeddings, # (n, dim) embeddings
     return self
 
 @patch(cls_method=True)
-def build(cls: Index, embeddings, paths, **kwargs) -> Index:
+def build(cls: Index,
+          embeddings, # (n, dim) embeddings
+          paths, # the image file of each row
+          **kwargs,
+         ) -> Index:
     "An index of `embeddings` (rows) and their `paths`; `kwargs` as for `Index`."
     x = np.asarray(embeddings)
     return cls(x.shape[1] if x.ndim == 2 else 0, **kwargs).add(x, paths)
@@ -91,7 +95,9 @@ def search(self: Index, queries, # (q, dim) query embeddings
 
 # %% ../nbs/12a_index.ipynb #fbf6255e
 @patch
-def save(self: Index, folder) -> Path:
+def save(self: Index,
+         folder, # the folder to write (created if missing)
+        ) -> Path:
     "Write the index to `folder` (`index.faiss`, `index.json`); returns the folder."
     import faiss
     if self.index is None: raise ValueError("the index is empty: add embeddings first")
@@ -103,7 +109,9 @@ def save(self: Index, folder) -> Path:
     return out
 
 @patch(cls_method=True)
-def load(cls: Index, folder) -> Index:
+def load(cls: Index,
+         folder, # a folder written by `Index.save`
+        ) -> Index:
     "The index saved in `folder`."
     import faiss
     f = Path(folder)

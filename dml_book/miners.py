@@ -32,7 +32,10 @@ class Miner:
         x = F.normalize(embeddings.detach(), dim=1) if self.normalize else embeddings.detach()  # the one place miners normalise
         with torch.no_grad(): return self.mine(x, labels)
 
-    def mine(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def mine(self,
+             embeddings: Tensor, # (B, D) embeddings
+             labels: Tensor, # (B,) integer class labels
+            ) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
 
 # %% ../nbs/05_miners.ipynb #7c9a7778
@@ -81,7 +84,10 @@ class DistanceWeightedMiner(Miner):
         super().__init__(normalize)
         self.cutoff, self.nonzero_loss_cutoff = float(cutoff), float(nonzero_loss_cutoff)
 
-    def probabilities(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+    def probabilities(self,
+                      embeddings: Tensor, # (B, D) embeddings
+                      labels: Tensor, # (B,) integer class labels
+                     ) -> Tensor:
         "(B, B) matrix: row a is the distribution of the negative drawn for anchor a (zeros if none is allowed)."
         n = embeddings.shape[1]
         d = euclidean(F.normalize(embeddings, dim=1)).clamp_min(self.cutoff)

@@ -26,7 +26,9 @@ class Registry:
     def __init__(self, kind: str): # what the registry holds, e.g. "loss"
         self.kind, self._items, self._chapter = kind, {}, {}   # the package's objects; a running notebook's own
 
-    def register(self, name: str) -> Callable:
+    def register(self,
+                 name: str, # the short name the command line uses
+                ) -> Callable:
         "Decorator that files an object under `name`."
         def deco(obj):
             old = self._items.get(name) or self._chapter.get(name) or obj
@@ -62,7 +64,9 @@ def check_choice(kind: str, # what is chosen, e.g. "backbone": the message reads
 
 # %% ../nbs/00_registry.ipynb #44193a8d
 @patch
-def get(self: Registry, name: str):
+def get(self: Registry,
+        name: str, # a registered name
+       ):
     "The object filed under `name`; an `UnknownNameError` naming the choices otherwise."
     mine = self._chapter.get(name)
     if mine is not None and (name not in self._items or _bound_in_running_notebook(mine)): return mine

@@ -29,7 +29,8 @@ class DatasetNotFoundError(FileNotFoundError):
 class ImageReadError(OSError):
     "An image file that is missing, unreadable or corrupt; the message names the file."
 
-def load_image(path) -> Image.Image:
+def load_image(path, # an image file
+              ) -> Image.Image:
     "Open, fully decode and convert to RGB the image at `path`; `ImageReadError` naming `path` otherwise."
     try:
         with Image.open(path) as im:
@@ -39,7 +40,11 @@ def load_image(path) -> Image.Image:
         raise ImageReadError(f"cannot read image {path}: {e}") from e
 
 # %% ../../nbs/01d_data.core.ipynb #b909dcf4
-def find_root(root, folders: tuple[str, ...], marker: str, layout: str) -> Path:
+def find_root(root, # the folder given by the user
+              folders: tuple[str, ...], # sub-folder names the dataset may sit in
+              marker: str, # a file or folder that only the dataset's own folder contains
+              layout: str, # the expected layout, quoted in the error
+             ) -> Path:
     "The folder among `root`, `root/<folders[i]>` that contains `marker`; `DatasetNotFoundError` otherwise."
     root = Path(root).expanduser()
     for candidate in (root, *(root/f for f in folders)):
@@ -48,7 +53,10 @@ def find_root(root, folders: tuple[str, ...], marker: str, layout: str) -> Path:
     raise DatasetNotFoundError(f"expected {expected} (or {root/marker}), which is missing; the layout is:\n{layout}")
 
 # %% ../../nbs/01d_data.core.ipynb #2e28bf92
-def check_files(paths: list[Path], index: str, layout: str):
+def check_files(paths: list[Path], # image files an index lists
+                index: str, # the index file that lists them
+                layout: str, # the expected layout, quoted in the error
+               ):
     "Raise `DatasetNotFoundError` naming the first of `paths` (listed in `index`) that does not exist."
     by_dir = defaultdict(list)
     for p in paths: by_dir[p.parent].append(p.name)
@@ -73,17 +81,27 @@ class ImageFileDataset(Dataset):
     source: str = ""                      # where to get the data when there is nothing to download
     transform_preset: str = "retrieval224"
 
-    def read_index(self, folder: Path, split: str) -> tuple[list[Path], list, dict]:
+    def read_index(self,
+                   folder: Path, # the dataset folder
+                   split: str, # one of `splits`
+                  ) -> tuple[list[Path], list, dict]:
         "Image paths, per-image class keys, and `{key: class name}` of `split`."
         raise NotImplementedError
 
-    def label_keys(self, keys: list) -> list:
+    def label_keys(self,
+                   keys: list, # the class key of each image of the split
+                  ) -> list:
         "The class keys that labels 0, 1, ... stand for (default: the split's own keys, sorted)."
         return sorted(set(keys))
 
 # %% ../../nbs/01d_data.core.ipynb #07955db5
 @patch
-def __init__(self: ImageFileDataset, root, split: str = "train", transform=None, download: bool = False):
+def __init__(self: ImageFileDataset,
+             root, # the dataset folder or a folder that contains it
+             split: str = "train", # one of the class's `splits`
+             transform=None, # applied to each PIL image; None: the image itself
+             download: bool = False, # fetch and extract the archives when the folder is missing
+            ):
     check_choice("split", split, self.splits, owner=type(self).__name__)
     self.split, self.transform = split, transform
     self.root = self.locate(root, download)
@@ -99,7 +117,9 @@ def __init__(self: ImageFileDataset, root, split: str = "train", transform=None,
 
 # %% ../../nbs/01d_data.core.ipynb #dd3dec54
 @patch
-def read_checked(self: ImageFileDataset, split: str):
+def read_checked(self: ImageFileDataset,
+                 split: str, # one of `splits`
+                ):
     "`read_index`, then a check that the split has images and that all of them are on disk."
     paths, keys, names = self.read_index(self.root, split)
     if not paths: raise DatasetNotFoundError(f"{self.root} holds no images for split {split!r}; the layout is:\n{self.layout}")
@@ -108,7 +128,10 @@ def read_checked(self: ImageFileDataset, split: str):
 
 # %% ../../nbs/01d_data.core.ipynb #b2174b41
 @patch
-def locate(self: ImageFileDataset, root, download: bool) -> Path:
+def locate(self: ImageFileDataset,
+           root, # the folder given by the user
+           download: bool, # fetch and extract the archives when the folder is missing
+          ) -> Path:
     "The dataset folder under `root`, downloaded and extracted first if `download` and it is missing."
     name = type(self).__name__
     try: return find_root(root, self.folders, self.marker, self.layout)
@@ -144,7 +167,11 @@ def default_transform(cls: ImageFileDataset,
 # %% ../../nbs/01d_data.core.ipynb #a7af1241
 class LabelledSubset(torch.utils.data.Dataset):
     "Items `indices` of `dataset`, keeping the dataset interface (`.labels`, `.class_names`); `relabel` makes ids contiguous."
-    def __init__(self, dataset, indices, relabel: bool = False):
+    def __init__(self,
+                 dataset, # a dataset with `.labels` and `.class_names`
+                 indices, # the items to keep, in order
+                 relabel: bool = False, # renumber the kept classes 0, 1, ... (class_names follow)
+                ):
         self.dataset, self.indices = dataset, np.asarray(indices, dtype=np.int64)
         labels = np.asarray(dataset.labels)[self.indices]
         classes = np.unique(labels) if relabel else np.arange(len(dataset.class_names))

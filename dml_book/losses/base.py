@@ -32,7 +32,8 @@ class Reduction(str, Enum):
     "How per-tuple losses become one number."
     MEAN = "mean"; MEAN_NONZERO = "mean_nonzero"; SUM = "sum"; NONE = "none"
 
-def as_reduction(r: str|Reduction) -> Reduction:
+def as_reduction(r: str|Reduction, # a `Reduction` or its name
+                ) -> Reduction:
     "`Reduction` from its name, with an error listing the choices."
     return check_choice("reduction", r, Reduction)
 
@@ -74,7 +75,9 @@ def masked_reduce(l: Tensor, # losses, 0 where `mask` is False
 class NonFiniteError(ValueError):
     "An embedding with NaN or infinite entries: a loss or miner refuses it rather than return a finite value."
 
-def check_finite(embeddings: Tensor, what: str = "embeddings"):
+def check_finite(embeddings: Tensor, # (B, D) embeddings
+                 what: str = "embeddings", # what the error calls the tensor
+                ):
     "One fused `isfinite` over the batch; the error names the first bad row."
     if not torch.isfinite(embeddings).all():
         row = int((~torch.isfinite(embeddings)).any(1).nonzero()[0])
@@ -89,11 +92,18 @@ class BaseLoss(nn.Module):
         super().__init__()
         self.reduction, self.normalize = as_reduction(reduction), normalize
 
-    def compute(self, embeddings: Tensor, labels: Tensor, indices_tuple) -> LossOutput:
+    def compute(self,
+                embeddings: Tensor, # (B, D) embeddings (L2-normalised unless `normalize=False`)
+                labels: Tensor, # (B,) integer class labels
+                indices_tuple, # (a, p, n) or (a1, p, a2, n) from a miner; every valid tuple of the batch when None
+               ) -> LossOutput:
         "Per-tuple losses; written by each subclass."
         raise NotImplementedError
 
-    def reduced_all(self, embeddings: Tensor, labels: Tensor) -> Tensor|None:
+    def reduced_all(self,
+                    embeddings: Tensor, # (B, D) embeddings (L2-normalised unless `normalize=False`)
+                    labels: Tensor, # (B,) integer class labels
+                   ) -> Tensor|None:
         "Optional shortcut: the reduced loss over all tuples of the batch without listing them (None: no shortcut)."
         return None
 

@@ -18,7 +18,10 @@ from fastcore.basics import patch
 __all__ = ['triplet_distances', 'TripletLoss', 'ContrastiveLoss', 'MarginLoss']
 
 # %% ../../nbs/04a_losses.triplet.ipynb #c3fd66eb
-def triplet_distances(d: Tensor, labels: Tensor, indices_tuple) -> tuple[Tensor, Tensor, tuple]:
+def triplet_distances(d: Tensor, # (B, B) pairwise distances
+                      labels: Tensor, # (B,) integer class labels
+                      indices_tuple, # (a, p, n) or (a1, p, a2, n) from a miner; every valid tuple of the batch when None
+                     ) -> tuple[Tensor, Tensor, tuple]:
     "`(d[a, p], d[a, n], (a, p, n))` for the given triplets (or pairs sharing anchors), all triplets when None."
     if indices_tuple is None: return all_triplet_distances(d, labels)
     a, p, n = to_triplets(indices_tuple, labels)
@@ -111,7 +114,10 @@ def compute(self: MarginLoss, embeddings, labels, indices_tuple):
     return LossOutput(l, (a, p, n), nonzero=(pos > 0).long() + (neg > 0).long())
 
 @patch
-def beta_of(self: MarginLoss, labels: Tensor, a: Tensor) -> Tensor:
+def beta_of(self: MarginLoss,
+            labels: Tensor, # (B,) integer class labels
+            a: Tensor, # anchor indices into the batch
+           ) -> Tensor:
     "The beta of each anchor in `a`."
     if len(self.beta) == 1: return self.beta
     if len(labels) and (labels.min() < 0 or labels.max() >= len(self.beta)):
