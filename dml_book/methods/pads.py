@@ -12,6 +12,7 @@ import torch
 from torch import nn, Tensor
 from fastcore.basics import patch
 from ..distances import euclidean, check_batch
+from ..miners import distance_log_weights, semihard_band
 from ..metrics import evaluate
 from ..registry import METHODS, DATASETS, check_choice
 from ..data.core import LabelledSubset, build_split
@@ -127,16 +128,12 @@ class DistanceWeighted(nn.Module):
                 d_an: Tensor, # anchor-negative distances, any shape
                 d_ap: Tensor|None = None, # unused
                ) -> Tensor:
-        d = d_an.double().clamp_min(self.cutoff)
-        log_w = -(self.dim - 2) * d.log() - (self.dim - 3) / 2 * (1 - d**2 / 4).clamp_min(1e-8).log()  # log q^{-1}(d)
-        keep = d_an < self.nonzero_loss_cutoff
-        log_w = log_w.masked_fill(~keep, -math.inf)
-        w = (log_w - log_w.max(-1, keepdim=True).values.clamp_min(-1e30)).exp()
-        return torch.where(keep, w, torch.zeros_like(w)).to(d_an.dtype)
+        log_w = distance_log_weights(d_an.double(), self.dim, self.cutoff, self.nonzero_loss_cutoff)  # log q^{-1}(d)
+        return (log_w - log_w.max(-1, keepdim=True).values.clamp_min(-1e30)).exp().to(d_an.dtype)
 
 # %% ../../nbs/23_methods.pads.ipynb #12953ef3
 class SemiHard(nn.Module):
-    "Semi-hard sampling: uniform over negatives with d_ap < d_an < d_ap + margin."
+    "Semi-hard sampling: uniform over the negatives of `semihard_band`, d_ap < d_an <= d_ap + margin."
     def __init__(self, margin: float = 0.2): # gamma, in the units of the (non-squared) distance
         super().__init__()
         if margin <= 0: raise ValueError(f"margin must be positive, got {margin}")
@@ -145,7 +142,7 @@ class SemiHard(nn.Module):
                 d_an: Tensor, # anchor-negative distances
                 d_ap: Tensor, # the anchor-positive distance of each, broadcastable
                ) -> Tensor:
-        return ((d_an > d_ap) & (d_an < d_ap + self.margin)).to(d_an.dtype)
+        return semihard_band(d_an, d_ap, self.margin).to(d_an.dtype)
 
 # %% ../../nbs/23_methods.pads.ipynb #53aed43b
 class DistributionSampler(nn.Module):
