@@ -25,10 +25,7 @@ def retrieval_transform(train: bool, # training (random) or testing (determinist
     aug = [crop_t, T.RandomHorizontalFlip()] if train else [T.CenterCrop(crop)]
     return T.Compose([T.Resize((resize, resize)), *aug, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
-def reid_transform(train: bool, # add the training augmentation (flip, random erasing)
-                   size: tuple[int, int] = (256, 128), # (height, width) after resizing
-                   erase_p: float = 0.5, # probability of random erasing when training
-                  ) -> Callable:
+def reid_transform(train: bool, size: tuple[int, int] = (256, 128), erase_p: float = 0.5) -> Callable:
     "Resize to `size` (h, w); flip and random erasing (probability `erase_p`) when training; ImageNet-normalise."
     from torchvision import transforms as T
     pre = [T.Resize(size)] + ([T.RandomHorizontalFlip()] if train else [])
@@ -44,9 +41,7 @@ TRANSFORM_PRESETS: dict[str, Callable[[bool], Callable]] = {
     "vehicle224": lambda train: reid_transform(train, (224, 224), erase_p=0),  # vehicles (DMML Sec. 4.2: 224 x 224, flips only)
 }
 
-def get_transform(name: str, # a key of `TRANSFORM_PRESETS`
-                  train: bool, # the training transform (augmenting) rather than the evaluation one
-                 ) -> Callable:
+def get_transform(name: str, train: bool) -> Callable:
     "The preset `name` for training (`train=True`) or testing."
     check_choice("transform preset", name, sorted(TRANSFORM_PRESETS))
     return TRANSFORM_PRESETS[name](train)

@@ -138,12 +138,10 @@ class ALA(Method):
                  inner_lr: float | None = None, # alpha of eq. (10); default: each parameter's lr in the main optimiser
                  step: str = "head", # parameters of the differentiable step: "head" (cheap) or "all"
                  max_tuples: int = 256, # the tuple budget: tuples per iteration for the assessor and the metric's step
-                 hidden_size: int = 64, # width of the assessor's LSTM
-                 num_layers: int = 2, # layers of the assessor's LSTM
+                 hidden_size: int = 64, num_layers: int = 2, # the assessor's LSTM
                  assess: bool = True, # False: the paper's baseline, same episodes and tuples, every weight 1
                  disjoint: bool = True, # False: validation classes drawn from the training subset's (Table 1's "random")
-                 seed: int = 0, # seed of the tuple subsampling
-                ):
+                 seed: int = 0): # seed of the tuple subsampling
         super().__init__()
         if step not in ("head", "all"): raise ValueError(f"step must be 'head' or 'all', got {step!r}")
         for name, v, lo in (("n_train", n_train, 2), ("n_val", n_val, 2), ("meta_steps", meta_steps, 1), ("max_tuples", max_tuples, 1)):

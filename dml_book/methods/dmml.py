@@ -12,11 +12,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
-from ..registry import METHODS
+from ..registry import METHODS, check_choice
 from ..distances import squared_euclidean
 from ..samplers import TaskSampler, ddp_share
 from .base import Method
-from ..registry import check_choice
 
 # %% auto #0
 __all__ = ['Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss', 'MetaCellLoss',
