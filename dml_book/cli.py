@@ -260,8 +260,7 @@ def experiment_command(args, # the parsed command-line arguments
     print(f"executed notebook: {executed}\nresults: {executed.parent}/")
     return 0
 
-def main(argv=None, # the arguments after the program name; None: `sys.argv[1:]`
-        ) -> int:
+def main(argv=None) -> int:
     "Entry point of the `dml-book` command."
     args = parser().parse_args(argv)
     commands = {"train": train_command, "experiment": experiment_command, "evaluate": evaluate_command,

@@ -75,9 +75,7 @@ def masked_reduce(l: Tensor, # losses, 0 where `mask` is False
 class NonFiniteError(ValueError):
     "An embedding with NaN or infinite entries: a loss or miner refuses it rather than return a finite value."
 
-def check_finite(embeddings: Tensor, # (B, D) embeddings
-                 what: str = "embeddings", # what the error calls the tensor
-                ):
+def check_finite(embeddings: Tensor, what: str = "embeddings"):
     "One fused `isfinite` over the batch; the error names the first bad row."
     if not torch.isfinite(embeddings).all():
         row = int((~torch.isfinite(embeddings)).any(1).nonzero()[0])

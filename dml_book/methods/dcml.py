@@ -11,10 +11,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
+from ..registry import check_choice
 from ..registry import METHODS, LOSSES
 from .base import Method
 import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
-from ..registry import check_choice
 
 # %% auto #0
 __all__ = ['Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose', 'rein_loss', 'ensemble_weights', 'FCComposer',
