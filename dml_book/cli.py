@@ -128,7 +128,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 # %% ../nbs/10_cli.ipynb #f7e257df
-def results_table(untrained: dict, final: dict) -> str:
+def results_table(untrained: dict, # metric -> value before training
+                  final: dict, # metric -> value after training
+                 ) -> str:
     "A plain-text table of metrics before and after training."
     rows = [(k, untrained.get(k), v) for k, v in final.items() if isinstance(v, (int, float))]
     w = max(len(k) for k, _, _ in rows)
@@ -137,7 +139,8 @@ def results_table(untrained: dict, final: dict) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/10_cli.ipynb #a23086bd
-def evaluate_command(args) -> int:
+def evaluate_command(args, # the parsed command-line arguments
+                    ) -> int:
     "`dml-book evaluate`: the metrics of a run's checkpoint, as a table or JSON."
     from dml_book.inference import evaluate_run
     m = evaluate_run(args.run_dir, args.checkpoint, args.dataset, args.data_root, args.dataset_kwargs, args.device)
@@ -146,7 +149,8 @@ def evaluate_command(args) -> int:
     print("\n".join(f"{k:<{w}}  {v:.4f}" for k, v in m.items()))
     return 0
 
-def embed_command(args) -> int:
+def embed_command(args, # the parsed command-line arguments
+                 ) -> int:
     "`dml-book embed`: embeddings of image files to .npz or .npy."
     from dml_book.inference import load_run, embed, image_files, save_embeddings
     files = image_files(*args.images)
@@ -157,7 +161,8 @@ def embed_command(args) -> int:
     return 0
 
 # %% ../nbs/10_cli.ipynb #a178251a
-def index_command(args) -> int:
+def index_command(args, # the parsed command-line arguments
+                 ) -> int:
     "`dml-book index`: a faiss index of images, saved to a folder."
     from dml_book.index import index_images
     idx = index_images(args.run_dir, args.images, args.checkpoint, args.device, args.batch_size, metric=args.metric,
@@ -165,7 +170,8 @@ def index_command(args) -> int:
     print(f"{idx!r} written to {idx.save(args.out)}/")
     return 0
 
-def search_command(args) -> int:
+def search_command(args, # the parsed command-line arguments
+                  ) -> int:
     "`dml-book search`: the k nearest gallery images of each query image."
     from dml_book.index import Index, search_images, plot_search
     files, results = search_images(Index.load(args.index_dir), args.queries, args.k, args.device)
@@ -177,7 +183,8 @@ def search_command(args) -> int:
     return 0
 
 # %% ../nbs/10_cli.ipynb #5fb88d0b
-def catalogue(what: str) -> list[tuple[str, str]]:
+def catalogue(what: str, # what to list: datasets, losses, miners, methods, presets, backbones or transforms
+             ) -> list[tuple[str, str]]:
     "(name, one-line description) of each registered dataset, loss, miner, method, preset, backbone or transform."
     first = lambda obj: ((getattr(obj, "__doc__", None) or "").strip().splitlines() or [""])[0]
     names = choices()
@@ -186,7 +193,8 @@ def catalogue(what: str) -> list[tuple[str, str]]:
     reg = {"datasets": DATASETS, "losses": LOSSES, "miners": MINERS, "methods": METHODS}[what]
     return [(n, first(reg.get(n))) for n in reg.names()]
 
-def list_command(args) -> int:
+def list_command(args, # the parsed command-line arguments
+                ) -> int:
     "`dml-book list`: what a flag can name."
     for what in [args.what] if args.what else LISTS:
         rows = catalogue(what)
@@ -197,7 +205,8 @@ def list_command(args) -> int:
 # %% ../nbs/10_cli.ipynb #d16389f8
 USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, ImageReadError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
 
-def read_config_file(path) -> dict:
+def read_config_file(path, # a .yaml, .yml or .json file
+                    ) -> dict:
     "The `TrainConfig` fields (and `preset`) of a YAML or JSON file; an unknown key is an error that names it."
     import yaml
     p = Path(path)
@@ -212,12 +221,16 @@ def read_config_file(path) -> dict:
     if unknown: raise ConfigError(f"{p}: unknown field(s) {', '.join(unknown)}; see `dml-book train --help`")
     return values
 
-def dataset_defaults(cfg: TrainConfig, given: dict, preset: dict) -> TrainConfig:
+def dataset_defaults(cfg: TrainConfig, # the configuration so far
+                     given: dict, # the fields the user set (flags or config file)
+                     preset: dict, # the fields the preset set
+                    ) -> TrainConfig:
     "`cfg` with its dataset's own `batch_defaults` for the fields neither the user (`given`) nor the `preset` set."
     own = getattr(DATASETS.get(cfg.dataset), "batch_defaults", {})
     return replace(cfg, **{k: v for k, v in own.items() if k not in given and k not in preset})
 
-def train_command(args) -> int:
+def train_command(args, # the parsed command-line arguments
+                 ) -> int:
     "Run `dml-book train` with parsed `args`; print the results table."
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config") and not (k == "preset" and v is None)}
     given = {**(read_config_file(args.config) if args.config else {}), **flags}   # the flags win over the file
@@ -236,7 +249,8 @@ def train_command(args) -> int:
     print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt, preprocessing.json" + (", umap.png" if cfg.umap else ""))
     return 0
 
-def experiment_command(args) -> int:
+def experiment_command(args, # the parsed command-line arguments
+                      ) -> int:
     "Run `dml-book experiment`: execute the notebook with papermill; a failing cell is reported with the notebook to read."
     from papermill.exceptions import PapermillExecutionError
     try: executed = run_experiment(args.name, dict(args.parameter), args.parameters_file, args.out_dir, args.kernel, args.progress)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect, math
 from dataclasses import fields
 import torch
+from .registry import check_choice
 
 # %% auto #0
 __all__ = ['FIELD_CHECKS', 'positive_int', 'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict',
@@ -19,14 +20,30 @@ from .registry import ConfigError   # one class for every configuration error (t
 
 def _int(v): return isinstance(v, int) and not isinstance(v, bool)
 def _num(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-def positive_int(v) -> bool: return _int(v) and v > 0
-def non_negative_int(v) -> bool: return _int(v) and v >= 0
-def non_negative_float(v) -> bool: return _num(v) and v >= 0
-def optional(check): return lambda v: v is None or check(v)
-def is_str(v) -> bool: return isinstance(v, str) and v != ""
-def is_bool(v) -> bool: return isinstance(v, bool)
-def is_dict(v) -> bool: return isinstance(v, dict) and all(isinstance(k, str) for k in v)
-def recall_ks(v) -> bool: return isinstance(v, (tuple, list)) and len(v) > 0 and all(positive_int(k) for k in v)
+def positive_int(v, # the value to check
+                ) -> bool:
+    return _int(v) and v > 0
+def non_negative_int(v, # the value to check
+                    ) -> bool:
+    return _int(v) and v >= 0
+def non_negative_float(v, # the value to check
+                      ) -> bool:
+    return _num(v) and v >= 0
+def optional(check, # the check a non-None value must pass
+            ):
+    return lambda v: v is None or check(v)
+def is_str(v, # the value to check
+          ) -> bool:
+    return isinstance(v, str) and v != ""
+def is_bool(v, # the value to check
+           ) -> bool:
+    return isinstance(v, bool)
+def is_dict(v, # the value to check
+           ) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) for k in v)
+def recall_ks(v, # the value to check
+             ) -> bool:
+    return isinstance(v, (tuple, list)) and len(v) > 0 and all(positive_int(k) for k in v)
 
 # %% ../nbs/08d_config.ipynb #a7ddf7de
 FIELD_CHECKS = {  # field: (predicate, what it expects)
@@ -74,7 +91,8 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
 }
 
 # %% ../nbs/08d_config.ipynb #0ca3df7c
-def check_fields(cfg) -> None:
+def check_fields(cfg, # the `TrainConfig` to check
+                ) -> None:
     "Check every field of `cfg` against `FIELD_CHECKS`; the first bad one is a `ConfigError` naming it."
     for f in fields(cfg):
         ok, expects = FIELD_CHECKS[f.name]
@@ -85,7 +103,8 @@ def check_fields(cfg) -> None:
         if bad: raise ConfigError(f"{k} {bad[0]}={getattr(cfg, k)[bad[0]]!r} is not a finite number")
 
 # %% ../nbs/08d_config.ipynb #97fd6c14
-def check_device(device: str) -> None:
+def check_device(device: str, # "auto", "cpu", "cuda", "cuda:1", ...
+                ) -> None:
     "Refuse a device string torch cannot parse or this machine does not have."
     if device == "auto": return
     try: d = torch.device(device)
@@ -119,14 +138,14 @@ def check_kwargs(kind: str,   # what it is: loss, miner, method
         raise ConfigError(f"{kind} {name!r} rejects {kind}_kwargs {kwargs}: {e}") from None
 
 # %% ../nbs/08d_config.ipynb #17acf264
-def check_config(cfg) -> None:
+def check_config(cfg, # the `TrainConfig` to check
+                ) -> None:
     "The validation boundary of a run: fields, device, registered names and every `*_kwargs`, before any data is loaded."
     from dml_book.registry import DATASETS, LOSSES, MINERS, METHODS
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
     from dml_book.models import BACKBONES
     check_fields(cfg); check_device(cfg.device)
-    if cfg.backbone not in ("smallcnn", *BACKBONES):
-        raise ConfigError(f"unknown backbone {cfg.backbone!r}; choose from: smallcnn, {', '.join(BACKBONES)}")
+    check_choice("backbone", cfg.backbone, ("smallcnn", *BACKBONES), ConfigError)
     if cfg.pretrained and cfg.backbone == "smallcnn": raise ConfigError("pretrained=True: the smallcnn backbone has no pretrained weights")
     ds = DATASETS.get(cfg.dataset)
     root = inspect.signature(ds).parameters.get("root")

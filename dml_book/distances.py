@@ -44,12 +44,16 @@ def cosine_similarity(x: Tensor, # (B, D) embeddings
     xn = F.normalize(x, dim=1)
     return xn @ (xn if y is None else F.normalize(y, dim=1)).T
 
-def cosine_distance(x: Tensor, y: Tensor|None = None) -> Tensor:
+def cosine_distance(x: Tensor, # (N, D) vectors
+                    y: Tensor|None = None, # (M, D) vectors; None: `x` itself
+                   ) -> Tensor:
     "Pairwise cosine distances `1 - cos`, in [0, 2]."
     return 1 - cosine_similarity(x, y)
 
 # %% ../nbs/03_distances.ipynb #b2738763
-def check_batch(embeddings: Tensor, labels: Tensor):
+def check_batch(embeddings: Tensor, # (B, D) embeddings
+                labels: Tensor, # (B,) integer class labels
+               ):
     "Raise a `ValueError` naming the problem unless `embeddings` is (B, D) float and `labels` is (B,) integer."
     if not torch.is_tensor(embeddings) or embeddings.ndim != 2 or not embeddings.is_floating_point():
         raise ValueError(f"embeddings must be a float tensor of shape (batch, dim), got {_desc(embeddings)}")
@@ -61,18 +65,21 @@ def check_batch(embeddings: Tensor, labels: Tensor):
 def _desc(t): return f"{t.dtype} tensor of shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
 
 # %% ../nbs/03_distances.ipynb #d954050a
-def pair_masks(labels: Tensor) -> tuple[Tensor, Tensor]:
+def pair_masks(labels: Tensor, # (B,) integer class labels
+              ) -> tuple[Tensor, Tensor]:
     "Boolean (B, B) masks of positive pairs (same label, not the diagonal) and negative pairs."
     same = labels[:, None] == labels[None]
     return same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device), ~same
 
-def all_pairs(labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def all_pairs(labels: Tensor, # (B,) integer class labels
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     "Every ordered positive and negative pair of the batch, as `(a1, p, a2, n)`."
     pos, neg = pair_masks(labels)
     return (*torch.where(pos), *torch.where(neg))
 
 # %% ../nbs/03_distances.ipynb #6fe7eb95
-def all_triplets(labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def all_triplets(labels: Tensor, # (B,) integer class labels
+                ) -> tuple[Tensor, Tensor, Tensor]:
     "Every triplet `(a, p, n)` of the batch: `labels[a] == labels[p] != labels[n]`, `a != p`."
     pos, neg = pair_masks(labels)
     a1, p = torch.where(pos)
@@ -91,7 +98,9 @@ def all_triplet_distances(d: Tensor, # (B, B) distances
     return d[pos][row], d[a1][keep], (a1[row], p[row], n)
 
 # %% ../nbs/03_distances.ipynb #cd611f8f
-def check_tuple(indices_tuple, batch_size: int):
+def check_tuple(indices_tuple, # a miner's output, or None
+                batch_size: int, # number of rows the indices point into
+               ):
     "Raise a `ValueError` unless `indices_tuple` is `(a, p, n)` or `(a1, p, a2, n)` of valid batch indices."
     if indices_tuple is None: return
     if not isinstance(indices_tuple, (tuple, list)) or len(indices_tuple) not in (3, 4):
@@ -105,19 +114,25 @@ def check_tuple(indices_tuple, batch_size: int):
     if (len(lens) == 3 and len(set(lens)) > 1) or (len(lens) == 4 and (lens[0] != lens[1] or lens[2] != lens[3])):
         raise ValueError(f"the tensors of indices_tuple have mismatched lengths {lens}")
 
-def to_pairs(indices_tuple, labels: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def to_pairs(indices_tuple, # (a, p, n) or (a1, p, a2, n) from a miner; every valid tuple of the batch when None
+             labels: Tensor, # (B,) integer class labels
+            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     "`(a1, p, a2, n)` from a miner's output; all pairs of the batch when `indices_tuple` is None."
     if indices_tuple is None: return all_pairs(labels)
     if len(indices_tuple) == 4: return tuple(indices_tuple)
     a, p, n = indices_tuple
     return a, p, a, n
 
-def to_pos_pairs(indices_tuple, labels: Tensor) -> tuple[Tensor, Tensor]:
+def to_pos_pairs(indices_tuple, # (a, p, n) or (a1, p, a2, n) from a miner; every valid tuple of the batch when None
+                 labels: Tensor, # (B,) integer class labels
+                ) -> tuple[Tensor, Tensor]:
     "`(a1, p)`, the positive pairs of a miner's output; all positive pairs when None (negatives are not listed)."
     if indices_tuple is None: return torch.where(pair_masks(labels)[0])
     return to_pairs(indices_tuple, labels)[:2]
 
-def to_triplets(indices_tuple, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def to_triplets(indices_tuple, # (a, p, n) or (a1, p, a2, n) from a miner; every valid tuple of the batch when None
+                labels: Tensor, # (B,) integer class labels
+               ) -> tuple[Tensor, Tensor, Tensor]:
     "`(a, p, n)` from a miner's output; all triplets of the batch when `indices_tuple` is None."
     if indices_tuple is None: return all_triplets(labels)
     if len(indices_tuple) == 3: return tuple(indices_tuple)

@@ -20,9 +20,9 @@ __all__ = ['DistContext', 'init_distributed', 'gather_batch', 'average_gradients
 @dataclass(frozen=True)
 class DistContext:
     "Where this process stands in a distributed run."
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
+    rank: int = 0 # this process's rank among all processes
+    world_size: int = 1 # number of processes (1: not distributed)
+    local_rank: int = 0 # this process's rank on its machine (its GPU)
     @property
     def enabled(self) -> bool: return self.world_size > 1
     @property
@@ -46,7 +46,9 @@ def _broadcast_rng(src: int = 0):
     torch.set_rng_state(state[0])
     if state[1] is not None: torch.cuda.set_rng_state(state[1])
 
-def gather_batch(embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_batch(embeddings: torch.Tensor, # this rank's (B, D) embeddings
+                 labels: torch.Tensor, # this rank's (B,) labels
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     "Every rank's embeddings (differentiably) and labels, in rank order; identity outside a process group."
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1: return embeddings, labels
     sizes = [torch.zeros((), dtype=torch.long, device=labels.device) for _ in range(dist.get_world_size())]
@@ -57,7 +59,8 @@ def gather_batch(embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     return torch.cat(dist_fn.all_gather(embeddings)), torch.cat(all_labels)
 
 # %% ../nbs/08b_distributed.ipynb #a234bf23
-def average_gradients(params):
+def average_gradients(params, # parameters whose `.grad` to average (those without one are skipped)
+                     ):
     "Average the gradients of `params` over all ranks, in one flat all-reduce."
     grads = [p.grad for p in params if p.grad is not None]
     if not grads or not dist.is_initialized(): return
@@ -65,24 +68,32 @@ def average_gradients(params):
     dist.all_reduce(flat); flat /= dist.get_world_size()
     for g, v in zip(grads, flat.split([g.numel() for g in grads])): g.copy_(v.view_as(g))
 
-def sync_optimizer(optimizer: torch.optim.Optimizer):
+def sync_optimizer(optimizer: torch.optim.Optimizer, # the optimiser to wrap, in place
+                  ):
     "Make every `optimizer.step()` average its parameters' gradients over ranks first."
     params = lambda: [p for g in optimizer.param_groups for p in g["params"]]
     optimizer.register_step_pre_hook(lambda opt, args, kwargs: average_gradients(params()))
     return optimizer
 
-def broadcast_state(module: torch.nn.Module, src: int = 0):
+def broadcast_state(module: torch.nn.Module, # the module to overwrite on every other rank
+                    src: int = 0, # the rank whose values win
+                   ):
     "Copy rank `src`'s parameters and buffers to every rank."
     if not dist.is_initialized(): return
     for t in module.state_dict().values():
         if torch.is_tensor(t): dist.broadcast(t, src)
 
 # %% ../nbs/08b_distributed.ipynb #9cb5dadc
-def shard(n: int, rank: int, world_size: int) -> np.ndarray:
+def shard(n: int, # number of items
+          rank: int, # the rank whose share to return
+          world_size: int, # number of ranks
+         ) -> np.ndarray:
     "Indices of rank `rank`'s contiguous share of `range(n)`."
     return np.array_split(np.arange(n), world_size)[rank]
 
-def gather_shards(x: torch.Tensor, dst: int | None = None) -> torch.Tensor | None:
+def gather_shards(x: torch.Tensor, # this rank's rows
+                  dst: int | None = None, # the one rank that receives; None: every rank
+                 ) -> torch.Tensor | None:
     "Every rank's rows of `x` in rank order (shares may differ in length): on every rank, or on `dst` (None elsewhere)."
     if not dist.is_initialized() or dist.get_world_size() == 1: return x
     n = torch.tensor([len(x)], device=x.device); sizes = [torch.zeros_like(n) for _ in range(dist.get_world_size())]
@@ -94,7 +105,9 @@ def gather_shards(x: torch.Tensor, dst: int | None = None) -> torch.Tensor | Non
     else: dist.gather(padded, parts, dst=dst)
     return torch.cat([p[:int(s)] for p, s in zip(parts, sizes)]) if receives else None
 
-def broadcast_object(obj, src: int = 0):
+def broadcast_object(obj, # a picklable object (ignored on the other ranks)
+                     src: int = 0, # the rank whose object wins
+                    ):
     "Rank `src`'s `obj` on every rank."
     if not dist.is_initialized(): return obj
     box = [obj]; dist.broadcast_object_list(box, src=src); return box[0]
@@ -106,7 +119,11 @@ def _spawn_worker(rank, world, port, fn, args):
     try: fn(rank, *args)
     finally: dist.destroy_process_group()
 
-def run_local(fn, world_size: int = 2, *args, start_method: str = "spawn"):
+def run_local(fn, # called as `fn(rank, *args)` in each process (picklable: defined at module level)
+              world_size: int = 2, # number of processes
+              *args,
+              start_method: str = "spawn", # multiprocessing start method
+             ):
     "Run `fn(rank, *args)` in `world_size` gloo processes on this machine (for tests and demos)."
     import socket, torch.multiprocessing as mp
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]

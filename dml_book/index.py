@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 import numpy as np
 from .inference import load_run, embed, image_files, open_image
+from .registry import check_choice
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['KINDS', 'METRICS', 'Index', 'index_images', 'search_images', 'plot_search']
@@ -21,8 +23,7 @@ METRICS = ("l2", "ip")
 def _faiss_index(dim: int, metric: str, kind: str, nlist: int, hnsw_m: int):
     "An empty faiss index of the given kind and metric."
     import faiss
-    if metric not in METRICS: raise ValueError(f"unknown metric {metric!r}; choose from: {', '.join(METRICS)}")
-    if kind not in KINDS: raise ValueError(f"unknown index kind {kind!r}; choose from: {', '.join(KINDS)}")
+    check_choice("metric", metric, METRICS); check_choice("index kind", kind, KINDS)
     fm = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
     if kind == "flat": return faiss.IndexFlatL2(dim) if metric == "l2" else faiss.IndexFlatIP(dim)
     if kind == "hnsw": return faiss.IndexHNSWFlat(dim, hnsw_m, fm)
@@ -54,7 +55,8 @@ def _as_matrix(x, dim: int) -> np.ndarray:
     if not np.isfinite(x).all(): raise ValueError("embeddings hold NaN or infinite values")
     return x
 
-def _add(self: Index, embeddings, # (n, dim) embeddings
+@patch
+def add(self: Index, embeddings, # (n, dim) embeddings
          paths, # n paths (or names) of the images
         ) -> Index:
     "Append `embeddings` and their `paths`; the first call trains an IVF index."
@@ -66,17 +68,20 @@ def _add(self: Index, embeddings, # (n, dim) embeddings
         self.index.train(x)
     self.index.add(x); self.paths += paths
     return self
-Index.add = _add
 
-@classmethod
-def _build(cls, embeddings, paths, **kwargs) -> Index:
+@patch(cls_method=True)
+def build(cls: Index,
+          embeddings, # (n, dim) embeddings
+          paths, # the image file of each row
+          **kwargs,
+         ) -> Index:
     "An index of `embeddings` (rows) and their `paths`; `kwargs` as for `Index`."
     x = np.asarray(embeddings)
     return cls(x.shape[1] if x.ndim == 2 else 0, **kwargs).add(x, paths)
-Index.build = _build
 
 # %% ../nbs/12a_nn_index.ipynb #f8463d19
-def _search(self: Index, queries, # (q, dim) query embeddings
+@patch
+def search(self: Index, queries, # (q, dim) query embeddings
             k: int = 5, # neighbours per query
            ) -> list[list[dict]]:
     "The `k` nearest gallery entries of each query: a list per query of {'path', 'distance'}, nearest first."
@@ -87,10 +92,12 @@ def _search(self: Index, queries, # (q, dim) query embeddings
     d, i = self.index.search(q, min(k, len(self)))
     d = np.sqrt(np.maximum(d, 0)) if self.metric == "l2" else 1 - d
     return [[{"path": self.paths[j], "distance": float(dj)} for dj, j in zip(drow, irow) if j >= 0] for drow, irow in zip(d, i)]
-Index.search = _search
 
 # %% ../nbs/12a_nn_index.ipynb #fbf6255e
-def _save(self: Index, folder) -> Path:
+@patch
+def save(self: Index,
+         folder, # the folder to write (created if missing)
+        ) -> Path:
     "Write the index to `folder` (`index.faiss`, `index.json`); returns the folder."
     import faiss
     if self.index is None: raise ValueError("the index is empty: add embeddings first")
@@ -100,10 +107,11 @@ def _save(self: Index, folder) -> Path:
                 hnsw_m=self.hnsw_m, run=self.run, paths=self.paths)
     (out/"index.json").write_text(json.dumps(meta, indent=1))
     return out
-Index.save = _save
 
-@classmethod
-def _load(cls, folder) -> Index:
+@patch(cls_method=True)
+def load(cls: Index,
+         folder, # a folder written by `Index.save`
+        ) -> Index:
     "The index saved in `folder`."
     import faiss
     f = Path(folder)
@@ -114,7 +122,6 @@ def _load(cls, folder) -> Index:
     self.index, self.paths = faiss.read_index(str(f/"index.faiss")), list(meta["paths"])
     if self.index.ntotal != len(self.paths): raise ValueError(f"{f}: {self.index.ntotal} vectors but {len(self.paths)} paths")
     return self
-Index.load = _load
 
 # %% ../nbs/12a_nn_index.ipynb #94b90672
 def index_images(run_dir, # a training run's output folder

@@ -21,7 +21,9 @@ __all__ = ['IMAGE_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run
            'embed', 'evaluate_run', 'save_embeddings']
 
 # %% ../nbs/12_inference.ipynb #7a11afbb
-def open_image(path, mode: str = "RGB") -> Image.Image:
+def open_image(path, # an image file
+               mode: str = "RGB", # PIL mode to convert to
+              ) -> Image.Image:
     "The image at `path`, fully decoded, in colour `mode`; a one-line error naming the file otherwise."
     try:
         with Image.open(path) as im:
@@ -58,7 +60,9 @@ def _read_checkpoint(path: Path, map_location="cpu") -> dict:
     from dml_book.checkpoint import read_checkpoint
     return read_checkpoint(path, map_location)
 
-def checkpoint_file(run_dir, checkpoint: str = "best") -> Path:
+def checkpoint_file(run_dir, # a training run's output folder
+                    checkpoint: str = "best", # 'best' or 'last'
+                   ) -> Path:
     "The checkpoint of `run_dir` to load: `best.pt` (else the last) for 'best', `checkpoint.pt` for 'last'."
     run = Path(run_dir)
     if checkpoint not in ("best", "last"): raise ConfigError(f"checkpoint must be 'best' or 'last', not {checkpoint!r}")
@@ -68,7 +72,8 @@ def checkpoint_file(run_dir, checkpoint: str = "best") -> Path:
     raise FileNotFoundError(f"{run} holds no checkpoint.pt: not a training run, or it has not finished an epoch")
 
 # %% ../nbs/12_inference.ipynb #3088dcf5
-def run_config(run_dir) -> TrainConfig:
+def run_config(run_dir, # a training run's output folder
+              ) -> TrainConfig:
     "The `TrainConfig` a run was trained with, from `metrics.json` or else its checkpoint."
     run = Path(run_dir)
     if (run/"metrics.json").exists(): saved = json.loads((run/"metrics.json").read_text())["config"]
@@ -83,12 +88,17 @@ def run_config(run_dir) -> TrainConfig:
 # %% ../nbs/12_inference.ipynb #4c0937d9
 class RunModel(nn.Module):
     "A trained run's network: `model(images)` is its test-time embedding (the method's `embed`), in evaluation mode."
-    def __init__(self, trainer: Trainer):
+    def __init__(self,
+                 trainer: Trainer, # a `Trainer` whose model and method hold the run's weights
+                ):
         super().__init__()
         self.model, self.method, self.trainer = trainer.model, trainer.method, trainer
         self.eval()
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor: return self.method.embed(self.trainer, images)
+    def forward(self,
+                images: torch.Tensor, # (B, C, H, W) preprocessed images
+               ) -> torch.Tensor:
+        return self.method.embed(self.trainer, images)
 
     @property
     def device(self) -> torch.device: return self.trainer.device

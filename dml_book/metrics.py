@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import faiss
 from fastprogress.fastprogress import progress_bar
+from .registry import check_choice
 
 # %% auto #0
 __all__ = ['DISTANCES', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu_available', 'gpu_ids', 'shard_gallery',
@@ -21,7 +22,9 @@ __all__ = ['DISTANCES', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu
            'nmi', 'pairwise_f1', 'evaluate']
 
 # %% ../nbs/06_metrics.ipynb #6d030470
-def as_embeddings(x, name: str = "embeddings") -> np.ndarray:
+def as_embeddings(x, # (N, D) array or tensor
+                  name: str = "embeddings", # what the error calls it
+                 ) -> np.ndarray:
     "`x` as a C-contiguous float32 `(N, D)` numpy array; `ValueError` on bad shapes and non-finite rows."
     if isinstance(x, torch.Tensor): x = x.detach().cpu().float().numpy()
     x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
@@ -31,7 +34,10 @@ def as_embeddings(x, name: str = "embeddings") -> np.ndarray:
         raise ValueError(f"{name} has {bad.sum()} rows with NaN or infinite values (first: row {np.flatnonzero(bad)[0]})")
     return x
 
-def as_labels(y, n: int, name: str = "labels") -> np.ndarray:
+def as_labels(y, # (N,) integer labels, array or tensor
+              n: int, # the number of embeddings they label
+              name: str = "labels", # what the error calls it
+             ) -> np.ndarray:
     "`y` as an int64 vector of length `n`; errors name the mismatch."
     if isinstance(y, torch.Tensor): y = y.detach().cpu().numpy()
     y = np.asarray(y)
@@ -43,9 +49,11 @@ def as_labels(y, n: int, name: str = "labels") -> np.ndarray:
 DISTANCES = ("euclidean", "cosine")
 
 def _check_distance(distance: str):
-    if distance not in DISTANCES: raise ValueError(f"unknown distance {distance!r}; choose from: {', '.join(DISTANCES)}")
+    check_choice("distance", distance, DISTANCES)
 
-def prepare(x: np.ndarray, distance: str) -> np.ndarray:
+def prepare(x: np.ndarray, # (N, D) float32 embeddings
+            distance: str, # "euclidean" or "cosine"
+           ) -> np.ndarray:
     "Embeddings as faiss compares them: unchanged for Euclidean, L2-normalised for cosine."
     _check_distance(distance)
     if distance == "euclidean": return x
@@ -58,7 +66,8 @@ def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 # %% ../nbs/06_metrics.ipynb #eef62809
-def gpu_ids(gpus: str | int | Sequence[int] | None = "all") -> list[int]:
+def gpu_ids(gpus: str | int | Sequence[int] | None = "all", # "all", a count, a list of ids, or None (the CPU)
+           ) -> list[int]:
     "Ids of the GPUs `gpus` names: \"all\" that faiss sees (none: `[]`, the CPU), a count n (0 to n-1), a list, or None."
     seen = faiss.get_num_gpus() if gpu_available() else 0
     if gpus is None: return []
@@ -98,7 +107,11 @@ def shard_gallery(g: np.ndarray,           # (G, D) gallery, as `prepare` return
     return [(int(s), make_shard(np.ascontiguousarray(p), metric, d)) for s, p, d in zip(starts, parts, devices)]
 
 # %% ../nbs/06_metrics.ipynb #e90363f9
-def search_shards(shards: list[tuple[int, object]], q: np.ndarray, k: int, metric: int):
+def search_shards(shards: list[tuple[int, object]], # (first gallery row, faiss index) of each shard
+                  q: np.ndarray, # (Q, D) float32 queries
+                  k: int, # neighbours per query
+                  metric: int, # faiss metric constant
+                 ):
     "Exact `(D, I)` of the `k` nearest gallery items over all `shards`, each searched in its own thread."
     keep_max = metric == faiss.METRIC_INNER_PRODUCT
     D = np.full((len(shards), len(q), k), -np.inf if keep_max else np.inf, np.float32)
@@ -146,17 +159,25 @@ def _drop_self(D, I, start):
     return D[keep].reshape(len(I), -1), I[keep].reshape(len(I), -1)
 
 # %% ../nbs/06_metrics.ipynb #989678eb
-def knn(query, k: int, gallery=None, distance: str = "euclidean", **kwargs) -> tuple[np.ndarray, np.ndarray]:
+def knn(query, # (Q, D) query embeddings
+        k: int, # neighbours per query
+        gallery=None, # (G, D) gallery embeddings; None: the queries themselves, each excluding itself
+        distance: str = "euclidean", # "euclidean" or "cosine"
+        **kwargs,
+       ) -> tuple[np.ndarray, np.ndarray]:
     "All `(D, I)` of `knn_chunks` stacked: `(Q, k)` distances and gallery indices, nearest first."
     parts = list(knn_chunks(query, k, gallery, distance, **kwargs))
     return np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
 
 # %% ../nbs/06_metrics.ipynb #ef6fb9cd
-def first_hit(match: np.ndarray) -> np.ndarray:
+def first_hit(match: np.ndarray, # (Q, k) bool: the j-th neighbour of query i has its label
+             ) -> np.ndarray:
     "Rank of the first `True` in each row of `match` (Q, k); `k` when there is none."
     return np.where(match.any(1), match.argmax(1), match.shape[1])
 
-def average_precision_at_r(match: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def average_precision_at_r(match: np.ndarray, # (Q, >= max r) bool: the j-th neighbour of query i has its label
+                           r: np.ndarray, # (Q,) number of relevant items per query
+                          ) -> tuple[np.ndarray, np.ndarray]:
     "Per-query (AP@R, R-Precision) from `match` (Q, >= max r) and `r` (Q,) relevant counts, r >= 1."
     rel = match[:, :r.max()] & (np.arange(min(match.shape[1], r.max())) < r[:, None])
     hits = np.cumsum(rel, axis=1)
@@ -181,14 +202,18 @@ def kmeans_assign(x,                          # (N, D) points
     return km.index.search(x, 1)[1][:, 0]
 
 # %% ../nbs/06_metrics.ipynb #f9aafd73
-def contingency(labels: np.ndarray, clusters: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def contingency(labels: np.ndarray, # (N,) true class of each item
+                clusters: np.ndarray, # (N,) cluster of each item
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     "Non-zero cells `n_ij`, class sizes `a_i` and cluster sizes `b_j` of the contingency table."
     _, y = np.unique(labels, return_inverse=True)
     _, c = np.unique(clusters, return_inverse=True)
     _, n_ij = np.unique(y.astype(np.int64) * (c.max() + 1) + c, return_counts=True)
     return n_ij, np.bincount(y), np.bincount(c)
 
-def nmi(labels, clusters) -> float:
+def nmi(labels, # (N,) true class of each item
+        clusters, # (N,) cluster of each item
+       ) -> float:
     "Normalised mutual information (arithmetic mean of the entropies) between two labelings."
     n_ij, a, b = contingency(np.asarray(labels), np.asarray(clusters))
     n = a.sum()
@@ -198,7 +223,9 @@ def nmi(labels, clusters) -> float:
     mi = h_y + h_c - entropy(n_ij / n)  # I = H(Y) + H(C) - H(Y, C)
     return float(max(mi, 0.) / max((h_y + h_c) / 2, np.finfo(np.float64).eps))
 
-def pairwise_f1(labels, clusters) -> float:
+def pairwise_f1(labels, # (N,) true class of each item
+                clusters, # (N,) cluster of each item
+               ) -> float:
     "F1 of same-cluster pairs against same-class pairs; NaN when there is no pair in either."
     n_ij, a, b = contingency(np.asarray(labels), np.asarray(clusters))
     pairs = lambda m: (m * (m - 1) // 2).sum()
@@ -249,7 +276,7 @@ def evaluate(embeddings,                       # (N, D) test embeddings (the que
             ) -> dict[str, float]:
     "Recall@K, NMI, F1, MAP@R and R-Precision of `embeddings` (queries) against themselves or a `gallery`."
     bad = set(metrics) - set(METRICS)
-    if bad: raise ValueError(f"unknown metrics {sorted(bad)}; choose from: {', '.join(METRICS)}")
+    if bad: check_choice("metrics", sorted(bad), METRICS)
     _check_distance(distance)
     q = as_embeddings(embeddings); ql = as_labels(labels, len(q))
     g = gl = None

@@ -12,9 +12,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from .registry import MINERS
 from .distances import check_batch, euclidean, squared_euclidean, pair_masks
+from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['Miner', 'SemiHardMiner', 'BatchHardMiner', 'DistanceWeightedMiner', 'RandomTripletMiner']
+__all__ = ['Miner', 'semihard_band', 'SemiHardMiner', 'BatchHardMiner', 'distance_log_weights', 'DistanceWeightedMiner',
+           'RandomTripletMiner']
 
 # %% ../nbs/05_miners.ipynb #7bf79603
 class Miner:
@@ -31,8 +33,20 @@ class Miner:
         x = F.normalize(embeddings.detach(), dim=1) if self.normalize else embeddings.detach()  # the one place miners normalise
         with torch.no_grad(): return self.mine(x, labels)
 
-    def mine(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def mine(self,
+             embeddings: Tensor, # (B, D) embeddings
+             labels: Tensor, # (B,) integer class labels
+            ) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
+
+# %% ../nbs/05_miners.ipynb #b1e0d01d
+def semihard_band(d_an: Tensor, # anchor-negative distances
+                  d_ap: Tensor, # the anchor-positive distance of each, broadcastable against `d_an`
+                  margin: float, # the band width alpha
+                 ) -> Tensor: # bool, the shape of `d_an`
+    "Whether each negative is semi-hard: `0 < d(a,n) - d(a,p) <= margin` (FaceNet eq. 4)."
+    m = d_an - d_ap
+    return (m > 0) & (m <= margin)
 
 # %% ../nbs/05_miners.ipynb #7c9a7778
 @MINERS.register("semihard")
@@ -49,8 +63,7 @@ class SemiHardMiner(Miner):
         d = (squared_euclidean if self.squared else euclidean)(embeddings)
         pos, neg = pair_masks(labels)
         a, p = torch.where(pos)
-        m = d[a] - d[a, p][:, None]  # d(a, n) - d(a, p) for every n, one row per positive pair
-        band = neg[a] & (m > 0) & (m <= self.margin)
+        band = neg[a] & semihard_band(d[a], d[a, p][:, None], self.margin)  # one row per positive pair, one column per n
         if not self.closest_negative:
             row, n = torch.where(band)
             return a[row], p[row], n
@@ -70,6 +83,17 @@ class BatchHardMiner(Miner):
         a = torch.where(torch.isfinite(dp) & torch.isfinite(dn))[0]
         return a, p[a], n[a]
 
+# %% ../nbs/05_miners.ipynb #0ccc2bf1
+def distance_log_weights(d: Tensor, # distances between unit vectors, any shape
+                         dim: int, # the embedding dimension n
+                         cutoff: float = 0.5, # distances are clipped from below at this value
+                         nonzero_loss_cutoff: float = 1.4, # distances at or beyond this get weight 0 (log weight -inf)
+                        ) -> Tensor: # log 1/q(d), -inf where a negative is never drawn
+    "Log of Wu et al.'s weight 1/q(d) (Sec. 4) of each distance, clipped and cut off as in their code."
+    d = d.clamp_min(cutoff)
+    logw = (2.0 - dim) * d.log() - (dim - 3) / 2 * torch.log1p(-0.25 * d ** 2)
+    return logw.masked_fill(~((d < nonzero_loss_cutoff) & torch.isfinite(logw)), -math.inf)
+
 # %% ../nbs/05_miners.ipynb #52b4f4c3
 @MINERS.register("distance_weighted")
 class DistanceWeightedMiner(Miner):
@@ -80,24 +104,25 @@ class DistanceWeightedMiner(Miner):
         super().__init__(normalize)
         self.cutoff, self.nonzero_loss_cutoff = float(cutoff), float(nonzero_loss_cutoff)
 
-    def probabilities(self, embeddings: Tensor, labels: Tensor) -> Tensor:
+    def probabilities(self,
+                      embeddings: Tensor, # (B, D) embeddings
+                      labels: Tensor, # (B,) integer class labels
+                     ) -> Tensor:
         "(B, B) matrix: row a is the distribution of the negative drawn for anchor a (zeros if none is allowed)."
-        n = embeddings.shape[1]
-        d = euclidean(F.normalize(embeddings, dim=1)).clamp_min(self.cutoff)
-        logw = (2.0 - n) * d.log() - (n - 3) / 2 * torch.log1p(-0.25 * d ** 2)  # log 1/q(d)
-        ok = pair_masks(labels)[1] & (d < self.nonzero_loss_cutoff) & torch.isfinite(logw)
-        logw = logw.masked_fill(~ok, -math.inf)
+        d = euclidean(F.normalize(embeddings, dim=1))
+        logw = distance_log_weights(d, embeddings.shape[1], self.cutoff, self.nonzero_loss_cutoff)
+        logw = logw.masked_fill(~pair_masks(labels)[1], -math.inf)   # negatives only
         return torch.softmax(logw, 1).nan_to_num(0.)  # softmax = weights / their row sum, stably
 
 # %% ../nbs/05_miners.ipynb #3d345c94
-def _mine_dw(self: DistanceWeightedMiner, embeddings, labels):
+@patch
+def mine(self: DistanceWeightedMiner, embeddings, labels):
     probs = self.probabilities(embeddings, labels)
     a, p = torch.where(pair_masks(labels)[0])
     keep = probs[a].sum(1) > 0
     a, p = a[keep], p[keep]
     if len(a) == 0: return a, p, a.clone()
     return a, p, torch.multinomial(probs[a], 1, replacement=True)[:, 0]
-DistanceWeightedMiner.mine = _mine_dw
 
 # %% ../nbs/05_miners.ipynb #4d3a87bf
 @MINERS.register("random")

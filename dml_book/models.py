@@ -8,6 +8,7 @@ Docs: https://dml-book.github.io/dml_book/models.html.md"""
 from __future__ import annotations
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
+from .registry import check_choice
 
 # %% auto #0
 __all__ = ['BACKBONES', 'EmbeddingHead', 'EmbeddingNet', 'SmallCNN', 'PretrainedWeightsUnavailable', 'torchvision_backbone',
@@ -26,18 +27,28 @@ class EmbeddingHead(nn.Module):
                              f"embedding_dim is {embedding_dim}: set it to {in_features}")
         self.fc = nn.Linear(in_features, embedding_dim) if linear else nn.Identity()
         self.normalize = normalize
-    def forward(self, y):
+    def forward(self,
+                y, # (B, feature_dim) backbone features
+               ):
         z = self.fc(y)
         return F.normalize(z, dim=-1) if self.normalize else z
 
 class EmbeddingNet(nn.Module):
     "`backbone` (images -> features y) followed by `head` (features -> embedding z)."
-    def __init__(self, backbone: nn.Module, feature_dim: int, embedding_dim: int, normalize: bool = True,
-                 linear_head: bool = True): # False: the embedding is the backbone's features
+    def __init__(self,
+                 backbone: nn.Module, # images -> features y
+                 feature_dim: int, # size of y
+                 embedding_dim: int, # size of the embedding z
+                 normalize: bool = True, # L2-normalise z
+                 linear_head: bool = True, # False: the embedding is the backbone's features
+                ):
         super().__init__()
         self.backbone, self.feature_dim, self.embedding_dim = backbone, feature_dim, embedding_dim
         self.head = EmbeddingHead(feature_dim, embedding_dim, normalize, linear_head)
-    def forward(self, x): return self.head(self.backbone(x))
+    def forward(self,
+                x, # (B, C, H, W) images
+               ):
+        return self.head(self.backbone(x))
 
 
 # %% ../nbs/07_models.ipynb #3f61f970
@@ -46,7 +57,10 @@ def _block(cin, cout):
 
 class SmallCNN(nn.Sequential):
     "Conv-BN-ReLU blocks with pooling; `feature_dim` outputs whatever the input size."
-    def __init__(self, in_channels: int = 1, width: int = 32):
+    def __init__(self,
+                 in_channels: int = 1, # image channels
+                 width: int = 32, # channels of the first blocks (then 2x and 4x: features are 4 * width)
+                ):
         self.feature_dim = 4 * width
         super().__init__(_block(in_channels, width), _block(width, width), nn.MaxPool2d(2),
                          _block(width, 2*width), nn.MaxPool2d(2, ceil_mode=True),
@@ -80,7 +94,7 @@ def torchvision_backbone(name: str, # a key of BACKBONES
                          last_stride: int = 2) -> nn.Module: # 1: no down-sampling in ResNet's last stage (re-id)
     "A torchvision classifier without its last layer, optionally with ImageNet weights (downloaded or from a file)."
     import torchvision   # imported on use: it takes seconds, and SmallCNN runs without it
-    if name not in BACKBONES: raise ValueError(f"unknown backbone {name!r}; choose from: smallcnn, {', '.join(BACKBONES)}")
+    check_choice("backbone", name, BACKBONES)
     if last_stride not in (1, 2): raise ValueError(f"last_stride must be 1 or 2, got {last_stride}")
     kw = dict(aux_logits=False, init_weights=False) if name == "googlenet" else {}
     weights = None
@@ -116,8 +130,14 @@ def freeze_batchnorm(module: nn.Module # a backbone whose `BatchNorm2d` layers a
 # %% ../nbs/07_models.ipynb #34019ecb
 class RepeatChannels(nn.Module):
     "Repeat a single input channel `n` times."
-    def __init__(self, n: int = 3): super().__init__(); self.n = n
-    def forward(self, x): return x.expand(-1, self.n, -1, -1) if x.shape[1] == 1 else x
+    def __init__(self,
+                 n: int = 3, # output channels
+                ):
+        super().__init__(); self.n = n
+    def forward(self,
+                x, # (B, 1, H, W) or (B, n, H, W) images
+               ):
+        return x.expand(-1, self.n, -1, -1) if x.shape[1] == 1 else x
 
 def build_model(backbone: str = "smallcnn", # "smallcnn", "resnet18", "resnet50" or "googlenet"
                 embedding_dim: int = 64, # size of the embedding z
@@ -129,7 +149,7 @@ def build_model(backbone: str = "smallcnn", # "smallcnn", "resnet18", "resnet50"
                 last_stride: int = 2, # 1: no down-sampling in a ResNet's last stage
                 freeze_bn: bool = False) -> EmbeddingNet: # backbone BatchNorm frozen: running statistics and affine parameters fixed
     "An `EmbeddingNet` with the named backbone and a linear (optionally normalised) head."
-    if head not in ("linear", "identity"): raise ValueError(f"unknown head {head!r}; choose from: identity, linear")
+    check_choice("head", head, ("identity", "linear")); check_choice("backbone", backbone, ("smallcnn", *BACKBONES))
     if backbone == "smallcnn":
         if last_stride != 2: raise ValueError("last_stride applies to ResNet backbones, not smallcnn")
         if freeze_bn: raise ValueError("freeze_bn applies to pretrained torchvision backbones, not smallcnn")

@@ -6,11 +6,12 @@ Docs: https://dml-book.github.io/dml_book/registry.html.md"""
 
 # %% ../nbs/00_registry.ipynb #219d184b
 from __future__ import annotations
+from enum import Enum
 from typing import Callable
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'ConfigError', 'UnknownNameError', 'Registry']
+__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'ConfigError', 'UnknownNameError', 'Registry', 'check_choice']
 
 # %% ../nbs/00_registry.ipynb #1a2e7782
 class ConfigError(ValueError):
@@ -25,7 +26,9 @@ class Registry:
     def __init__(self, kind: str): # what the registry holds, e.g. "loss"
         self.kind, self._items, self._chapter = kind, {}, {}   # the package's objects; a running notebook's own
 
-    def register(self, name: str) -> Callable:
+    def register(self,
+                 name: str, # the short name the command line uses
+                ) -> Callable:
         "Decorator that files an object under `name`."
         def deco(obj):
             old = self._items.get(name) or self._chapter.get(name) or obj
@@ -44,15 +47,31 @@ def _bound_in_running_notebook(obj) -> bool:
     ns = shell.user_ns if shell is not None else vars(sys.modules["__main__"])
     return ns.get(getattr(obj, "__name__", None)) is obj
 
+# %% ../nbs/00_registry.ipynb #7c61e034
+def check_choice(kind: str, # what is chosen, e.g. "backbone": the message reads "unknown backbone ..."
+                 value, # the name given (a list reads as the list of unknown names)
+                 choices, # the allowed names, in the order the message lists them, or an `Enum` class
+                 error: type[Exception] = UnknownNameError, # the error to raise, e.g. `ConfigError`
+                 owner: str | None = None, # the thing that lacks the choice: "<owner> has no <kind> ..."
+                ):
+    "`value` (the member, for an `Enum`) if it is one of `choices`; an `error` that lists the choices otherwise."
+    if isinstance(choices, type) and issubclass(choices, Enum):
+        try: return choices(value)
+        except ValueError: choices = [m.value for m in choices]
+    elif value in (choices := list(choices)): return value
+    what = f"{owner} has no {kind}" if owner else f"unknown {kind}"
+    raise error(f"{what} {value!r}; choose from: {', '.join(map(str, choices)) or 'none'}")
+
 # %% ../nbs/00_registry.ipynb #44193a8d
 @patch
-def get(self: Registry, name: str):
+def get(self: Registry,
+        name: str, # a registered name
+       ):
     "The object filed under `name`; an `UnknownNameError` naming the choices otherwise."
     mine = self._chapter.get(name)
     if mine is not None and (name not in self._items or _bound_in_running_notebook(mine)): return mine
-    try: return self._items[name]
-    except KeyError:
-        raise UnknownNameError(f"unknown {self.kind} {name!r}; choose from: {', '.join(self.names())}") from None
+    if name not in self._items: check_choice(self.kind, name, self.names())
+    return self._items[name]
 
 @patch
 def names(self: Registry) -> list[str]: "Registered names, sorted."; return sorted({*self._items, *self._chapter})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json, math
 from pathlib import Path
 import numpy as np, pandas as pd
+from .registry import check_choice
 
 # %% auto #0
 __all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
@@ -17,7 +18,8 @@ __all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_his
            'find_experiment', 'notebook_parameters', 'coerce_parameters', 'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
-def load_run(folder) -> dict:
+def load_run(folder, # a run folder (holding `metrics.json`)
+            ) -> dict:
     "The `metrics.json` of a run folder, checked for the keys the results store needs."
     path = Path(folder)/"metrics.json"
     if not path.exists(): raise FileNotFoundError(f"{folder} holds no metrics.json: not a finished run")
@@ -27,7 +29,8 @@ def load_run(folder) -> dict:
     if missing: raise ValueError(f"{path} lacks {', '.join(missing)}")
     return run
 
-def find_runs(root) -> list[Path]:
+def find_runs(root, # the folder to search, recursively
+             ) -> list[Path]:
     "Every run folder (one holding `metrics.json`) under `root`, sorted."
     root = Path(root)
     if not root.exists(): raise FileNotFoundError(f"no results folder {root}")
@@ -38,7 +41,8 @@ def _variant(folder: Path, root: Path) -> str:
     parts = [p for p in folder.relative_to(root).parts if not p.startswith("seed")]
     return "/".join(parts) or folder.name
 
-def runs_frame(root) -> pd.DataFrame:
+def runs_frame(root, # the folder to search, recursively
+              ) -> pd.DataFrame:
     "A tidy frame (variant, method, dataset, loss, seed, stage, epoch, metric, value) of every run under `root`."
     root, rows = Path(root), []
     for folder in find_runs(root):
@@ -53,7 +57,8 @@ def runs_frame(root) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["variant", "method", "dataset", "loss", "seed", "stage", "epoch", "metric", "value", "run"])
 
 # %% ../nbs/11_results.ipynb #d4fa5fbb
-def load_histories(root) -> dict[str, list[dict]]:
+def load_histories(root, # the folder to search, recursively
+                  ) -> dict[str, list[dict]]:
     "Variant -> the epoch records of all its seeds (`metrics.json`'s `epochs`), for `plot_learning_curves`."
     out = {}
     for folder in find_runs(root): out.setdefault(_variant(folder, Path(root)), []).extend(load_run(folder)["epochs"])
@@ -76,7 +81,9 @@ def run_grid(variants: dict, # variant name -> `TrainConfig` (its `seed` and `ou
     df = runs_frame(out_dir)
     return df[df.variant.isin(list(variants))].reset_index(drop=True)
 
-def launch_torchrun(cfg, nproc_per_node: int):
+def launch_torchrun(cfg, # the run to train
+                    nproc_per_node: int, # processes (GPUs) on this machine
+                   ):
     "Train `cfg` in `nproc_per_node` processes on this machine (`torchrun --standalone`); its errors on failure."
     import subprocess, sys, yaml
     from collections import deque
@@ -96,12 +103,16 @@ def launch_torchrun(cfg, nproc_per_node: int):
                               + "".join(errors or tail))
 
 # %% ../nbs/11_results.ipynb #b5cabe43
-def reported(df: pd.DataFrame) -> pd.DataFrame:
+def reported(df: pd.DataFrame, # a `runs_frame`
+            ) -> pd.DataFrame:
     "Per run, the rows of its `selected` stage if it has one, else of its `final` stage."
     has_sel = df[df.stage == "selected"].run.unique()
     return df[((df.stage == "selected") & df.run.isin(has_sel)) | ((df.stage == "final") & ~df.run.isin(has_sel))]
 
-def summarize(df: pd.DataFrame, by=("variant",), metrics=None) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, # a `runs_frame`
+              by=("variant",), # the columns that make a group
+              metrics=None, # the metrics to keep; None: all
+             ) -> pd.DataFrame:
     "Mean, std (ddof=1; NaN for one seed) and number of seeds of each metric of the reported stage, per `by` group."
     d = reported(df)
     if metrics is not None: d = d[d.metric.isin(metrics)]
@@ -112,7 +123,8 @@ def summarize(df: pd.DataFrame, by=("variant",), metrics=None) -> pd.DataFrame:
 # %% ../nbs/11_results.ipynb #8905a530
 PUBLISHED_COLUMNS = ("dataset", "method", "metric", "value", "source")
 
-def read_published(path) -> pd.DataFrame:
+def read_published(path, # a CSV of published figures
+                  ) -> pd.DataFrame:
     "A published-figures CSV, checked: the columns of `PUBLISHED_COLUMNS`, numeric percentages, a source on every row."
     df = pd.read_csv(path)
     missing = [c for c in PUBLISHED_COLUMNS if c not in df.columns]
@@ -124,7 +136,10 @@ def read_published(path) -> pd.DataFrame:
     return df.assign(kind="published")
 
 # %% ../nbs/11_results.ipynb #238bf198
-def comparison_table(summary: pd.DataFrame, published: pd.DataFrame | None = None, metrics=("R@1",)) -> pd.DataFrame:
+def comparison_table(summary: pd.DataFrame, # a `summarize` frame
+                     published: pd.DataFrame | None = None, # a `read_published` frame; None: ours alone
+                     metrics=("R@1",), # the metrics to show, in order
+                    ) -> pd.DataFrame:
     "Ours (mean ± std over seeds, percent) per variant and metric; the published figures below ('—': not reported)."
     ours = summary[summary.metric.isin(metrics)].copy()
     ours["value"] = [f"{100*m:.1f} ± {100*s:.1f}" if not math.isnan(s) else f"{100*m:.1f}" for m, s in zip(ours["mean"], ours["std"])]
@@ -222,7 +237,8 @@ def experiments_dir() -> Path:
     raise ExperimentError("no nbs/experiments folder here or above, and none installed with dml_book: "
                           "reinstall the package (pip install dml_book) or run from a clone")
 
-def params_file(path) -> Path:
+def params_file(path, # a parameter file, or the name of one shipped in `params/`
+               ) -> Path:
     "`path` if it exists, else the parameter file of that name shipped with the experiments (`params/NAME.yaml`)."
     p = Path(path)
     if p.is_file(): return p
@@ -236,15 +252,18 @@ def experiment_names() -> list[str]:
     "The experiment notebooks that exist."
     return sorted(p.stem for p in experiments_dir().glob("*.ipynb") if not p.name.startswith("_"))
 
-def find_experiment(name: str) -> Path:
+def find_experiment(name: str, # an experiment name (`dml-book list experiments`) or a notebook path
+                   ) -> Path:
     "The notebook of experiment `name` (or a path to a notebook)."
     if name.endswith(".ipynb") and Path(name).exists(): return Path(name)
     path = experiments_dir()/f"{name}.ipynb"
-    if not path.exists(): raise ExperimentError(f"unknown experiment {name!r}; choose from: {', '.join(experiment_names())}")
+    if not path.exists(): check_choice("experiment", name, experiment_names(), ExperimentError)
     return path
 
 # %% ../nbs/11_results.ipynb #327b9f5c
-def notebook_parameters(path, kernel: str = "python3") -> dict[str, dict]:
+def notebook_parameters(path, # an experiment notebook
+                        kernel: str = "python3", # the kernel papermill inspects it with
+                       ) -> dict[str, dict]:
     "The parameters a notebook declares in its one `parameters` cell: name -> {inferred_type_name, default, help}."
     import ast, nbformat
     cells = [c for c in nbformat.read(str(path), as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
@@ -257,7 +276,9 @@ def notebook_parameters(path, kernel: str = "python3") -> dict[str, dict]:
                                        default=ast.literal_eval(node.value) if node.value else None, help=comment)
     return out
 
-def coerce_parameters(declared: dict[str, dict], given: dict) -> dict:
+def coerce_parameters(declared: dict[str, dict], # `notebook_parameters` of the notebook
+                      given: dict, # name -> value to pass
+                     ) -> dict:
     "Given values (strings from a command line, or typed from YAML) converted to the declared types; unknown names are errors."
     import yaml
     unknown = [k for k in given if k not in declared]

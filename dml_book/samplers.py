@@ -10,25 +10,32 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['class_index', 'draw', 'ddp_share', 'ClassBalancedBatchSampler', 'EpisodeSampler', 'TripletBatchSampler',
            'TaskSampler']
 
 # %% ../nbs/02_samplers.ipynb #43d71352
-def class_index(labels) -> list[np.ndarray]:
+def class_index(labels, # (N,) class label of each dataset item
+               ) -> list[np.ndarray]:
     "Dataset indices grouped by label, labels in increasing order (for contiguous labels: `[c]` holds `labels == c`)."
     labels = np.asarray(labels.cpu() if torch.is_tensor(labels) else labels).astype(np.int64).reshape(-1)
     order = np.argsort(labels, kind="stable")
     _, starts = np.unique(labels[order], return_index=True)
     return [g for g in np.split(order, starts[1:])] if len(labels) else []
 
-def draw(rng: np.random.Generator, pool: np.ndarray, m: int) -> np.ndarray:
+def draw(rng: np.random.Generator, # the sampler's generator
+         pool: np.ndarray, # the items to draw from
+         m: int, # how many to draw
+        ) -> np.ndarray:
     "`m` distinct items of `pool`, or `m` items drawn with replacement when `pool` is shorter than `m`."
     return rng.choice(pool, m, replace=len(pool) < m)
 
 # %% ../nbs/02_samplers.ipynb #03e9ae2d
-def ddp_share(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+def ddp_share(rank: int | None = None, # this process's rank; None: from `torch.distributed` (0 without it)
+              world_size: int | None = None, # number of processes; None: from `torch.distributed` (1 without it)
+             ) -> tuple[int, int]:
     "`(rank, world_size)` from the arguments, else from an initialised `torch.distributed`, else `(0, 1)`."
     if rank is None and world_size is None:
         if dist.is_available() and dist.is_initialized(): return dist.get_rank(), dist.get_world_size()
@@ -64,7 +71,9 @@ class ClassBalancedBatchSampler(_LabelSampler):
                  batch_size: int, # images per batch *per process*
                  m_per_class: int, # images of each class in a batch (with replacement if a class has fewer)
                  seed: int = 0, # base seed; epoch `e` uses `(seed, e)`
-                 rank: int | None = None, world_size: int | None = None): # DDP share; default: torch.distributed or (0, 1)
+                 rank: int | None = None, # this process's rank; None: from `torch.distributed` (0 without it)
+                 world_size: int | None = None, # number of processes; None: from `torch.distributed` (1 without it)
+                ):
         super().__init__(labels, seed, rank, world_size)
         if m_per_class < 1 or batch_size < m_per_class or batch_size % m_per_class:
             raise ValueError(f"batch_size {batch_size} must be a positive multiple of m_per_class {m_per_class}")
@@ -88,14 +97,14 @@ def _next_classes(rng: np.random.Generator, queue: list, n_classes: int, k: int)
     return out
 
 # %% ../nbs/02_samplers.ipynb #51ff677b
-def _iter_cb(self: ClassBalancedBatchSampler):
+@patch
+def __iter__(self: ClassBalancedBatchSampler):
     rng, queue = self._rng(), []
     k, m = self.classes_per_batch, self.m_per_class
     for _ in range(len(self)):
         classes = _next_classes(rng, queue, self.n_labels, k * self.world_size)
         batch = [draw(rng, self.groups[c], m) for c in classes]           # global batch, same on every rank
         yield np.concatenate(batch[self.rank * k:(self.rank + 1) * k]).tolist()
-ClassBalancedBatchSampler.__iter__ = _iter_cb
 
 # %% ../nbs/02_samplers.ipynb #6a7f283b
 class EpisodeSampler(_LabelSampler):
@@ -105,8 +114,11 @@ class EpisodeSampler(_LabelSampler):
                  n_val: int = 20, # size of the validation subset (classes disjoint from the training subset)
                  m_per_class: int = 5, # images per class in both subsets (with replacement if a class has fewer)
                  episodes_per_epoch: int | None = None, # default: len(labels) // ((n_train + n_val) * world_size)
-                 seed: int = 0, rank: int | None = None, world_size: int | None = None,
-                 disjoint: bool = True): # False: the validation classes are drawn from the training subset's (ALA's Table 1)
+                 seed: int = 0, # seed of the random draws (the same seed, the same batches)
+                 rank: int | None = None, # this process's rank; None: from `torch.distributed` (0 without it)
+                 world_size: int | None = None, # number of processes; None: from `torch.distributed` (1 without it)
+                 disjoint: bool = True, # False: the validation classes are drawn from the training subset's (ALA's Table 1)
+                ):
         super().__init__(labels, seed, rank, world_size)
         for name, n in (("n_train", n_train), ("n_val", n_val)):
             if m_per_class < 1 or n < m_per_class or n % m_per_class:
@@ -120,7 +132,8 @@ class EpisodeSampler(_LabelSampler):
     def __len__(self) -> int: return self.episodes_per_epoch
 
 # %% ../nbs/02_samplers.ipynb #6497cf66
-def _iter_episodes(self: EpisodeSampler):
+@patch
+def __iter__(self: EpisodeSampler):
     rng, m = self._rng(), self.m_per_class
     for e in range(len(self) * self.world_size):
         if self.disjoint: classes = rng.choice(self.n_labels, (self.n_train + self.n_val) // m, replace=False)
@@ -129,7 +142,6 @@ def _iter_episodes(self: EpisodeSampler):
             classes = np.concatenate([train, rng.choice(train, self.n_val // m, replace=False)])   # validation among them
         episode = np.concatenate([draw(rng, self.groups[c], m) for c in classes])
         if e % self.world_size == self.rank: yield episode.tolist()
-EpisodeSampler.__iter__ = _iter_episodes
 
 # %% ../nbs/02_samplers.ipynb #623c678b
 class TripletBatchSampler(_LabelSampler):
@@ -137,7 +149,10 @@ class TripletBatchSampler(_LabelSampler):
     def __init__(self, labels, # class label of every dataset item
                  n_triplets: int = 40, # triplets per batch (the batch holds 3 x n_triplets images)
                  batches_per_epoch: int | None = None, # default: len(labels) // (3 * n_triplets * world_size)
-                 seed: int = 0, rank: int | None = None, world_size: int | None = None):
+                 seed: int = 0, # seed of the random draws (the same seed, the same batches)
+                 rank: int | None = None, # this process's rank; None: from `torch.distributed` (0 without it)
+                 world_size: int | None = None, # number of processes; None: from `torch.distributed` (1 without it)
+                ):
         super().__init__(labels, seed, rank, world_size)
         if n_triplets < 1: raise ValueError(f"n_triplets must be >= 1, got {n_triplets}")
         self.n_triplets = n_triplets
@@ -161,7 +176,10 @@ class TaskSampler(_LabelSampler):
                  n_support: int = 5, # support images per class
                  n_query: int = 1, # query images per class
                  tasks_per_epoch: int | None = None, # default: len(labels) // (n_classes * (n_support + n_query) * world_size)
-                 seed: int = 0, rank: int | None = None, world_size: int | None = None):
+                 seed: int = 0, # seed of the random draws (the same seed, the same batches)
+                 rank: int | None = None, # this process's rank; None: from `torch.distributed` (0 without it)
+                 world_size: int | None = None, # number of processes; None: from `torch.distributed` (1 without it)
+                ):
         super().__init__(labels, seed, rank, world_size)
         if n_classes < 1 or n_support < 1 or n_query < 0:
             raise ValueError(f"need n_classes >= 1, n_support >= 1, n_query >= 0; got {n_classes}, {n_support}, {n_query}")
@@ -173,10 +191,10 @@ class TaskSampler(_LabelSampler):
     def __len__(self) -> int: return self.tasks_per_epoch
 
 # %% ../nbs/02_samplers.ipynb #959f2270
-def _iter_tasks(self: TaskSampler):
+@patch
+def __iter__(self: TaskSampler):
     rng, per_class = self._rng(), self.n_support + self.n_query
     for t in range(len(self) * self.world_size):
         classes = rng.choice(self.n_labels, self.n_classes, replace=False)
         task = np.concatenate([draw(rng, self.groups[c], per_class) for c in classes])
         if t % self.world_size == self.rank: yield task.tolist()
-TaskSampler.__iter__ = _iter_tasks

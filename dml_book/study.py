@@ -22,12 +22,15 @@ STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={"strength": 0.5}, bac
                       progress=False)  # calibrated: results/calibration/c2.json
 STUDY_SEEDS = (0, 1, 2, 3, 4)
 
-def study_config(cfg, **overrides):
+def study_config(cfg, # the `TrainConfig` to start from
+                 **overrides,
+                ):
     "`cfg` (a `TrainConfig`) with the study's dataset, budget and model selection, then `overrides`."
     return replace(cfg, **{**STUDY_SETTINGS, **overrides})
 
 # %% ../nbs/11a_study.ipynb #2339cd63
-def drop_checkpoints(root) -> list[Path]:
+def drop_checkpoints(root, # the study's output folder
+                    ) -> list[Path]:
     "Delete every `*.pt` file under `root`; the deleted paths."
     gone = sorted(Path(root).rglob("*.pt"))
     for p in gone: p.unlink()
@@ -44,7 +47,9 @@ def run_study(variants: dict, # variant name -> `TrainConfig` (the study's setti
     return study_frame(out_dir)
 
 # %% ../nbs/11a_study.ipynb #37c897e5
-def study_frame(root, metric: str = "R@1") -> pd.DataFrame:
+def study_frame(root, # the study's output folder
+                metric: str = "R@1", # the reported test metric
+               ) -> pd.DataFrame:
     "Variant, seed and reported test `metric` of every run under `root`."
     d = reported(runs_frame(root))
     d = d[d.metric == metric]
@@ -52,7 +57,11 @@ def study_frame(root, metric: str = "R@1") -> pd.DataFrame:
     return d[["variant", "method", "dataset", "seed", "stage", "epoch", "value"]].sort_values(["variant", "seed"]).reset_index(drop=True)
 
 # %% ../nbs/11a_study.ipynb #13981d86
-def paired_difference(frame: pd.DataFrame, variant: str, baseline: str = "baseline", confidence: float = 0.95) -> dict:
+def paired_difference(frame: pd.DataFrame, # a `study_frame`
+                      variant: str, # the variant to compare
+                      baseline: str = "baseline", # the variant it is compared with
+                      confidence: float = 0.95, # level of the t-interval
+                     ) -> dict:
     "Seed-paired difference `variant` - `baseline`: mean, std (ddof=1), n, and the t-interval at `confidence`."
     from scipy import stats
     v = frame.pivot_table(index="seed", columns="variant", values="value")
@@ -66,7 +75,10 @@ def paired_difference(frame: pd.DataFrame, variant: str, baseline: str = "baseli
                 seeds=[int(s) for s in d.index])
 
 # %% ../nbs/11a_study.ipynb #8966444a
-def study_table(frame: pd.DataFrame, baseline: str = "baseline", confidence: float = 0.95) -> pd.DataFrame:
+def study_table(frame: pd.DataFrame, # a `study_frame`
+                baseline: str = "baseline", # the variant the others are compared with
+                confidence: float = 0.95, # level of the t-intervals
+               ) -> pd.DataFrame:
     "Per variant: seeds, mean and std of the metric (points), and the paired difference from `baseline` with its interval."
     rows = []
     for name, g in frame.groupby("variant", sort=False):
@@ -79,7 +91,10 @@ def study_table(frame: pd.DataFrame, baseline: str = "baseline", confidence: flo
     return out.sort_values("variant", key=lambda s: s != baseline, kind="stable").reset_index(drop=True)
 
 # %% ../nbs/11a_study.ipynb #b04cb8ba
-def plot_study_curves(root, metrics=("val_R@1", "R@1"), ax=None):
+def plot_study_curves(root, # the study's output folder
+                      metrics=("val_R@1", "R@1"), # epoch-record metrics, one panel each
+                      ax=None, # axes, one per metric; None: a new figure
+                     ):
     "Per variant, `metrics` over epochs (seaborn: mean over seeds and 95% band)."
     import matplotlib.pyplot as plt, seaborn as sns
     rows = [dict(variant=v, epoch=r["epoch"], metric=m, value=r[m]) for v, recs in load_histories(root).items()
@@ -91,8 +106,14 @@ def plot_study_curves(root, metrics=("val_R@1", "R@1"), ax=None):
     return ax.figure
 
 # %% ../nbs/11a_study.ipynb #84fba61f
-def verdict(frame: pd.DataFrame, variant: str, baseline: str = "baseline", dataset: str = "glyphs-XL",
-            label: str | None = None, metric: str = "R@1", confidence: float = 0.95) -> str:
+def verdict(frame: pd.DataFrame, # a `study_frame`
+            variant: str, # the variant to judge
+            baseline: str = "baseline", # the variant it is compared with
+            dataset: str = "glyphs-XL", # the dataset the sentence names
+            label: str | None = None, # how the sentence names the variant; None: its name
+            metric: str = "R@1", # the metric the frame holds
+            confidence: float = 0.95, # level of the t-interval
+           ) -> str:
     "One sentence: how `variant` changes `metric` over `baseline`, with its interval, from the stored runs."
     p = paired_difference(frame, variant, baseline, confidence)
     m, half = 100*p["mean"], 100*(p["high"] - p["mean"])

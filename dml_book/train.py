@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, asdict, fields, replace
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
-from .registry import DATASETS, LOSSES, MINERS, METHODS
+from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
 from .data.core import LabelledSubset, build_split, preprocessing_spec
 from .models import build_model
 from .methods.base import Method
@@ -73,44 +73,55 @@ class TrainConfig:
     umap: bool = False               # save a UMAP figure of the final test embedding
 
 # %% ../nbs/08_train.ipynb #d93a80bc
-def preset_config(method: str, preset: str | None = None, **overrides) -> TrainConfig:
+def preset_config(method: str, # a registered method
+                  preset: str | None = None, # one of the method's `presets`; None: none
+                  **overrides,
+                 ) -> TrainConfig:
     "A `TrainConfig` for `method` with the method's named `preset` applied, then `overrides`."
     import copy, dml_book.methods  # fills METHODS
     cfg = TrainConfig(method=method)
     if preset is not None:
         presets = METHODS.get(method).presets
-        if preset not in presets:
-            raise ConfigError(f"unknown preset {preset!r} for method {method!r}; choose from: {', '.join(presets) or 'none'}")
+        check_choice("preset", preset, presets, ConfigError, owner=f"method {method!r}")
         cfg = replace(cfg, **copy.deepcopy(presets[preset]))   # a run never shares (or edits) the preset's dicts
     return replace(cfg, **overrides)
 
 # %% ../nbs/08_train.ipynb #6942bfa0
-def seed_everything(seed: int, epoch: int = 0):
+def seed_everything(seed: int, # the run's seed
+                    epoch: int = 0, # mixed into the seed, so that each epoch draws afresh
+                   ):
     "Seed random, numpy and torch from `(seed, epoch)`."
     s = int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
     random.seed(s); np.random.seed(s); torch.manual_seed(s)
 
-def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+def resolve_device(device: str, # "auto", "cpu", "cuda", "cuda:1", ...
+                   local_rank: int = 0, # this process's GPU under torchrun
+                  ) -> torch.device:
     "`auto` is the GPU when there is one (this process's GPU under torchrun), else the CPU."
     if device != "auto": return torch.device(device)
     return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
 
 # %% ../nbs/08_train.ipynb #4b641726
-def build_optimizer(cfg: TrainConfig, groups: list[dict], method=None) -> torch.optim.Optimizer:
+def build_optimizer(cfg: TrainConfig, # the run's configuration
+                    groups: list[dict], # parameter groups, each with its own `lr`
+                    method=None, # the method, asked for its `optimizer_name` under `auto`
+                   ) -> torch.optim.Optimizer:
     "The run's optimiser over `groups`: `cfg.optimizer`, or for `auto` the method's `optimizer_name` (else Adam)."
     name = cfg.optimizer if cfg.optimizer != "auto" else getattr(method, "optimizer_name", "adam")
-    if name == "adam": return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
+    check_choice("optimizer", name, ("adam", "sgd"), ConfigError)
     if name == "sgd": return torch.optim.SGD(groups, lr=cfg.lr_head, weight_decay=cfg.weight_decay)
-    raise ConfigError(f"unknown optimizer {name!r}; choose from: adam, auto, sgd")
+    return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
 
 def _load_registries():
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
 
 _SCHEDULES = ("constant", "step", "multistep", "exponential")
 
-def build_scheduler(optimizer, cfg: TrainConfig):
+def build_scheduler(optimizer, # the optimiser to schedule
+                    cfg: TrainConfig, # the run's configuration
+                   ):
     "The learning-rate schedule `cfg` names over `optimizer` (None for a constant rate)."
-    if cfg.lr_schedule not in _SCHEDULES: raise ConfigError(f"unknown lr_schedule {cfg.lr_schedule!r}; choose from: {', '.join(_SCHEDULES)}")
+    check_choice("lr_schedule", cfg.lr_schedule, _SCHEDULES, ConfigError)
     if cfg.lr_step_per not in ("epoch", "iteration"): raise ConfigError(f"lr_step_per must be 'epoch' or 'iteration', not {cfg.lr_step_per!r}")
     S = torch.optim.lr_scheduler
     if cfg.lr_schedule == "step": return S.StepLR(optimizer, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
@@ -284,7 +295,9 @@ def _finite(v):
     if isinstance(v, (list, tuple)): return [_finite(x) for x in v]
     return v
 
-def to_json(obj, **kw) -> str:
+def to_json(obj, # JSON-able data; floats may be NaN or infinite
+            **kw,
+           ) -> str:
     "Strict JSON: a NaN or infinite number is written as null, never as a bare `NaN` token."
     return json.dumps(_finite(obj), allow_nan=False, **kw)
 
@@ -335,7 +348,8 @@ def _record_preprocessing(self: Trainer):
     if (self.out/"preprocessing.json").exists(): return
     (self.out/"preprocessing.json").write_text(json.dumps(preprocessing_spec(self.cfg, self.train_ds[0][0])))
 
-def lock_out(out: Path):
+def lock_out(out: Path, # the run's output folder
+            ):
     "Hold an OS lock on `out/.lock` (released when the process dies); a folder in use is a `ConfigError` naming the holder."
     import fcntl
     f = open(out/".lock", "a+")
@@ -447,7 +461,9 @@ def _metrics(rec: dict, prefix: str = "") -> dict:
     "An epoch record's test metrics (`prefix=''`) or its validation metrics (`'val_'`, prefix removed)."
     return {k[len(prefix):]: v for k, v in rec.items() if k.startswith(prefix) and _METRIC.fullmatch(k[len(prefix):])}
 
-def select_epoch(epochs: list[dict], key: str = "val_R@1") -> dict | None:
+def select_epoch(epochs: list[dict], # the run's epoch records
+                 key: str = "val_R@1", # the validation metric to maximise
+                ) -> dict | None:
     "The first epoch record with the highest `key` (None when no record has it)."
     scored = [r for r in epochs if r.get(key) is not None]
     return max(scored, key=lambda r: r[key]) if scored else None
@@ -474,6 +490,8 @@ def write_metrics(self: Trainer):
 
 
 # %% ../nbs/08_train.ipynb #dbd5e93e
-def train(cfg: TrainConfig | None = None, **overrides) -> dict:
+def train(cfg: TrainConfig | None = None, # the run; None: `TrainConfig()`
+          **overrides,
+         ) -> dict:
     "Train and evaluate the run `cfg` describes (resuming if its output folder has a checkpoint); the final metrics."
     return Trainer(cfg, **overrides).fit()

@@ -14,14 +14,18 @@ import seaborn as sns
 __all__ = ['history_frame', 'plot_learning_curves', 'plot_umap', 'plot_neighbours', 'plot_retrieval_gallery', 'plot_comparison']
 
 # %% ../nbs/09_viz.ipynb #3276e16c
-def history_frame(runs: dict[str, list[dict]]) -> pd.DataFrame:
+def history_frame(runs: dict[str, list[dict]], # run name -> its epoch records
+                 ) -> pd.DataFrame:
     "A tidy frame (run, epoch, metric, value) of the epoch records of several runs' histories."
     rows = [dict(run=name, epoch=r["epoch"], metric=k, value=v)
             for name, hist in runs.items() for r in hist if r.get("kind", "epoch") == "epoch"
             for k, v in r.items() if k not in ("epoch", "step", "kind", "seconds") and isinstance(v, (int, float))]
     return pd.DataFrame(rows, columns=["run", "epoch", "metric", "value"])
 
-def plot_learning_curves(runs: dict[str, list[dict]], metrics=("R@1",), ax=None):
+def plot_learning_curves(runs: dict[str, list[dict]], # run name -> its epoch records (a name repeated across seeds is averaged)
+                         metrics=("R@1",), # the metrics to plot, one panel each
+                         ax=None, # matplotlib axes to draw on; None: a new figure
+                        ):
     "Test metrics over epochs, one line per run (mean and spread when a run name repeats across seeds)."
     df = history_frame(runs); df = df[df.metric.isin(metrics)]
     if df.empty: raise ValueError(f"no epoch records with {', '.join(metrics)} in these runs")
@@ -31,7 +35,13 @@ def plot_learning_curves(runs: dict[str, list[dict]], metrics=("R@1",), ax=None)
     return ax.figure
 
 # %% ../nbs/09_viz.ipynb #aa119a96
-def plot_umap(embeddings, labels, title: str = "", max_points: int = 4000, seed: int = 0, ax=None):
+def plot_umap(embeddings, # (N, D) embeddings
+              labels, # (N,) class labels (the colours)
+              title: str = "", # the axes' title
+              max_points: int = 4000, # a random subset of at most this many points is drawn
+              seed: int = 0, # seed of the subset and of UMAP
+              ax=None, # matplotlib axes to draw on; None: a new figure
+             ):
     "A 2-D UMAP projection of `embeddings`, coloured by label."
     import umap
     x = embeddings.numpy() if torch.is_tensor(embeddings) else np.asarray(embeddings)
@@ -77,7 +87,13 @@ def plot_neighbours(queries, # query images, each (C, H, W) or (H, W)
 
 
 # %% ../nbs/09_viz.ipynb #dbea5f12
-def plot_retrieval_gallery(dataset, embeddings, n_queries: int = 5, k: int = 5, seed: int = 0, distance: str = "euclidean"):
+def plot_retrieval_gallery(dataset, # the dataset the embeddings come from (images and labels)
+                           embeddings, # (N, D) embeddings of `dataset`, in order
+                           n_queries: int = 5, # rows of the gallery
+                           k: int = 5, # neighbours per query
+                           seed: int = 0, # seed of the query draw
+                           distance: str = "euclidean", # "euclidean" or "cosine"
+                          ):
     "Queries (left column) and their `k` nearest neighbours, framed green when the label matches, red when not."
     from dml_book.metrics import knn
     labels = np.asarray(dataset.labels)
@@ -96,7 +112,8 @@ def plot_comparison(runs: pd.DataFrame, # tidy runs (`dml_book.results.runs_fram
                     published: pd.DataFrame | None = None, # `dml_book.results.read_published`: method, dataset, metric, value (percent)
                     metric: str = "R@1", # the metric to compare
                     baseline: str = "baseline", # the variant drawn first, with a line through its mean
-                    ax=None):
+                    ax=None, # matplotlib axes to draw on; None: a new figure
+                   ):
     "Horizontal bars of `metric` (percent) per variant, mean and std over seeds, then the published figures."
     from dml_book.results import reported
     d = reported(runs); d = d[d.metric == metric]

@@ -34,13 +34,19 @@ GLYPH_FONTS = ("DejaVuSans", "DejaVuSans-Bold", "DejaVuSans-Oblique", "DejaVuSan
                "DejaVuSerif", "DejaVuSerif-Bold", "DejaVuSerif-Italic", "DejaVuSerif-BoldItalic",
                "STIXGeneral", "STIXGeneralBol", "STIXGeneralItalic", "STIXGeneralBolIta")
 
-def font_path(name: str) -> Path:
+def font_path(name: str, # a font file name without `.ttf`, e.g. DejaVuSans
+             ) -> Path:
     "Path of one of the TrueType fonts that ship inside matplotlib."
     return Path(matplotlib.get_data_path())/"fonts"/"ttf"/f"{name}.ttf"
 
 # %% ../../nbs/01_data.builtin.ipynb #c043e2d7
-def render_glyph(char: str, font: FT2Font, rng: np.random.Generator, size: int = 32, box: int = 24,
-                 jitter: bool = True) -> np.ndarray:
+def render_glyph(char: str, # the character to draw
+                 font: FT2Font, # the font to draw it in
+                 rng: np.random.Generator, # source of the random affine jitter
+                 size: int = 32, # image height and width in pixels
+                 box: int = 24, # size of the box the glyph is fitted into
+                 jitter: bool = True, # False: the glyph centred, undistorted
+                ) -> np.ndarray:
     "A `size` x `size` uint8 image of `char` in `font`, randomly jittered by an affine map drawn from `rng`."
     font.set_size(48, 72); font.set_text(char); font.draw_glyphs_to_bitmap(antialiased=True)
     ink = Image.fromarray(np.asarray(font.get_image()))
@@ -60,7 +66,10 @@ def cache_dir() -> Path:
     if os.environ.get("DML_BOOK_CACHE"): return Path(os.environ["DML_BOOK_CACHE"])
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home()/".cache"))/"dml_book"
 
-def render_glyphs(seed: int = 0, per_font: int = 2, size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+def render_glyphs(seed: int = 0, # seed of the jitter
+                  per_font: int = 2, # images of each character in each font
+                  size: int = 32, # image height and width in pixels
+                 ) -> tuple[np.ndarray, np.ndarray]:
     "All glyph images `(N, size, size)` uint8 and their class ids, deterministic given `seed`."
     rng, chars = np.random.default_rng(seed), glyph_alphabet()
     images, labels = [], []
@@ -72,7 +81,11 @@ def render_glyphs(seed: int = 0, per_font: int = 2, size: int = 32) -> tuple[np.
     return np.stack(images), np.asarray(labels, dtype=np.int64)
 
 # %% ../../nbs/01_data.builtin.ipynb #58883e4b
-def cached_glyphs(seed: int = 0, per_font: int = 2, size: int = 32, root: str | Path | None = None):
+def cached_glyphs(seed: int = 0, # seed of the jitter
+                  per_font: int = 2, # images of each character in each font
+                  size: int = 32, # image height and width in pixels
+                  root: str | Path | None = None, # cache folder; None: `cache_dir()`
+                 ):
     "`render_glyphs` through an on-disk cache in `root` (default `cache_dir()`)."
     key = hashlib.sha1(repr((glyph_alphabet(), GLYPH_FONTS, seed, per_font, size, matplotlib.__version__, 1)).encode())
     path = Path(root or cache_dir())/f"glyphs-{key.hexdigest()[:12]}.npz"
@@ -88,7 +101,13 @@ def cached_glyphs(seed: int = 0, per_font: int = 2, size: int = 32, root: str | 
 class InMemoryImages(torch.utils.data.Dataset):
     "Grayscale images held in memory, restricted to the classes of one split."
     protocol = "retrieval"
-    def __init__(self, images, labels, class_names, split_classes, transform=None):
+    def __init__(self,
+                 images, # (N, H, W) uint8 images of all classes
+                 labels, # (N,) class id of each image
+                 class_names, # name of each class id
+                 split_classes, # the class ids this split keeps (relabelled 0, 1, ...)
+                 transform=None, # applied to each PIL image; None: the image itself
+                ):
         keep = np.isin(labels, split_classes)
         self.images = images[keep]
         remap = {c: i for i, c in enumerate(split_classes)}
@@ -102,7 +121,10 @@ class InMemoryImages(torch.utils.data.Dataset):
         return (self.transform(x) if self.transform else x), int(self.labels[i])
 
     @classmethod
-    def default_transform(cls, train: bool): return None
+    def default_transform(cls,
+                          train: bool, # the training transform (augmenting) rather than the evaluation one
+                         ):
+        return None
 
 # %% ../../nbs/01_data.builtin.ipynb #ebc8c456
 def _split_classes(n_classes: int, split: str) -> list[int]:

@@ -13,9 +13,10 @@ import numpy as np
 from PIL import Image
 import torch
 from torch.utils.data import Dataset
-from ..registry import DATASETS, ConfigError
+from ..registry import DATASETS, ConfigError, check_choice
 from .download import Archive, fetch_archives
 from .transforms import get_transform
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['DatasetNotFoundError', 'ImageReadError', 'load_image', 'find_root', 'check_files', 'ImageFileDataset',
@@ -28,7 +29,8 @@ class DatasetNotFoundError(FileNotFoundError):
 class ImageReadError(OSError):
     "An image file that is missing, unreadable or corrupt; the message names the file."
 
-def load_image(path) -> Image.Image:
+def load_image(path, # an image file
+              ) -> Image.Image:
     "Open, fully decode and convert to RGB the image at `path`; `ImageReadError` naming `path` otherwise."
     try:
         with Image.open(path) as im:
@@ -38,7 +40,11 @@ def load_image(path) -> Image.Image:
         raise ImageReadError(f"cannot read image {path}: {e}") from e
 
 # %% ../../nbs/01d_data.core.ipynb #b909dcf4
-def find_root(root, folders: tuple[str, ...], marker: str, layout: str) -> Path:
+def find_root(root, # the folder given by the user
+              folders: tuple[str, ...], # sub-folder names the dataset may sit in
+              marker: str, # a file or folder that only the dataset's own folder contains
+              layout: str, # the expected layout, quoted in the error
+             ) -> Path:
     "The folder among `root`, `root/<folders[i]>` that contains `marker`; `DatasetNotFoundError` otherwise."
     root = Path(root).expanduser()
     for candidate in (root, *(root/f for f in folders)):
@@ -47,7 +53,10 @@ def find_root(root, folders: tuple[str, ...], marker: str, layout: str) -> Path:
     raise DatasetNotFoundError(f"expected {expected} (or {root/marker}), which is missing; the layout is:\n{layout}")
 
 # %% ../../nbs/01d_data.core.ipynb #2e28bf92
-def check_files(paths: list[Path], index: str, layout: str):
+def check_files(paths: list[Path], # image files an index lists
+                index: str, # the index file that lists them
+                layout: str, # the expected layout, quoted in the error
+               ):
     "Raise `DatasetNotFoundError` naming the first of `paths` (listed in `index`) that does not exist."
     by_dir = defaultdict(list)
     for p in paths: by_dir[p.parent].append(p.name)
@@ -72,18 +81,28 @@ class ImageFileDataset(Dataset):
     source: str = ""                      # where to get the data when there is nothing to download
     transform_preset: str = "retrieval224"
 
-    def read_index(self, folder: Path, split: str) -> tuple[list[Path], list, dict]:
+    def read_index(self,
+                   folder: Path, # the dataset folder
+                   split: str, # one of `splits`
+                  ) -> tuple[list[Path], list, dict]:
         "Image paths, per-image class keys, and `{key: class name}` of `split`."
         raise NotImplementedError
 
-    def label_keys(self, keys: list) -> list:
+    def label_keys(self,
+                   keys: list, # the class key of each image of the split
+                  ) -> list:
         "The class keys that labels 0, 1, ... stand for (default: the split's own keys, sorted)."
         return sorted(set(keys))
 
 # %% ../../nbs/01d_data.core.ipynb #07955db5
-def _init(self: ImageFileDataset, root, split: str = "train", transform=None, download: bool = False):
-    if split not in self.splits:
-        raise ValueError(f"{type(self).__name__} has no split {split!r}; choose from: {', '.join(self.splits)}")
+@patch
+def __init__(self: ImageFileDataset,
+             root, # the dataset folder or a folder that contains it
+             split: str = "train", # one of the class's `splits`
+             transform=None, # applied to each PIL image; None: the image itself
+             download: bool = False, # fetch and extract the archives when the folder is missing
+            ):
+    check_choice("split", split, self.splits, owner=type(self).__name__)
     self.split, self.transform = split, transform
     self.root = self.locate(root, download)
     try: paths, keys, names = self.read_checked(split)
@@ -95,19 +114,24 @@ def _init(self: ImageFileDataset, root, split: str = "train", transform=None, do
     self.paths, self.class_keys = paths, order
     self.labels = np.searchsorted(np.asarray(order), np.asarray(keys)).astype(np.int64)
     self.class_names = [names[k] for k in order]
-ImageFileDataset.__init__ = _init
 
 # %% ../../nbs/01d_data.core.ipynb #dd3dec54
-def _read_checked(self: ImageFileDataset, split: str):
+@patch
+def read_checked(self: ImageFileDataset,
+                 split: str, # one of `splits`
+                ):
     "`read_index`, then a check that the split has images and that all of them are on disk."
     paths, keys, names = self.read_index(self.root, split)
     if not paths: raise DatasetNotFoundError(f"{self.root} holds no images for split {split!r}; the layout is:\n{self.layout}")
     check_files(paths, self.index, self.layout)
     return paths, keys, names
-ImageFileDataset.read_checked = _read_checked
 
 # %% ../../nbs/01d_data.core.ipynb #b2174b41
-def _locate(self: ImageFileDataset, root, download: bool) -> Path:
+@patch
+def locate(self: ImageFileDataset,
+           root, # the folder given by the user
+           download: bool, # fetch and extract the archives when the folder is missing
+          ) -> Path:
     "The dataset folder under `root`, downloaded and extracted first if `download` and it is missing."
     name = type(self).__name__
     try: return find_root(root, self.folders, self.marker, self.layout)
@@ -118,24 +142,36 @@ def _locate(self: ImageFileDataset, root, download: bool) -> Path:
         if self.archives: hint = f"pass download=True to fetch {self.archives[0].url} (command line: --dataset-kwargs '{{\"download\": true}}')"
         else: hint = f"{name} cannot be downloaded automatically: {self.source}"
         raise DatasetNotFoundError(f"{name}: {e}\n{hint}") from None
-ImageFileDataset.locate = _locate
 
 # %% ../../nbs/01d_data.core.ipynb #aa875f1f
-def _getitem(self: ImageFileDataset, i: int):
+@patch
+def __getitem__(self: ImageFileDataset, i: int):
     img = load_image(self.paths[i])
     return (self.transform(img) if self.transform is not None else img), int(self.labels[i])
 
-ImageFileDataset.__getitem__ = _getitem
-ImageFileDataset.__len__ = lambda self: len(self.paths)
-ImageFileDataset.__repr__ = lambda self: (f"{type(self).__name__}(split={self.split!r}, {len(self)} images, "
-                                          f"{len(self.class_names)} classes, root={str(self.root)!r})")
-ImageFileDataset.default_transform = classmethod(lambda cls, train: get_transform(cls.transform_preset, train))
-ImageFileDataset.default_transform.__func__.__doc__ = "The paper-protocol transform (PIL image -> normalised tensor)."
+@patch
+def __len__(self: ImageFileDataset): return len(self.paths)
+
+@patch
+def __repr__(self: ImageFileDataset):
+    return (f"{type(self).__name__}(split={self.split!r}, {len(self)} images, "
+            f"{len(self.class_names)} classes, root={str(self.root)!r})")
+
+@patch(cls_method=True)
+def default_transform(cls: ImageFileDataset,
+                      train: bool, # the training transform (augmenting) rather than the evaluation one
+                     ):
+    "The paper-protocol transform (PIL image -> normalised tensor)."
+    return get_transform(cls.transform_preset, train)
 
 # %% ../../nbs/01d_data.core.ipynb #a7af1241
 class LabelledSubset(torch.utils.data.Dataset):
     "Items `indices` of `dataset`, keeping the dataset interface (`.labels`, `.class_names`); `relabel` makes ids contiguous."
-    def __init__(self, dataset, indices, relabel: bool = False):
+    def __init__(self,
+                 dataset, # a dataset with `.labels` and `.class_names`
+                 indices, # the items to keep, in order
+                 relabel: bool = False, # renumber the kept classes 0, 1, ... (class_names follow)
+                ):
         self.dataset, self.indices = dataset, np.asarray(indices, dtype=np.int64)
         labels = np.asarray(dataset.labels)[self.indices]
         classes = np.unique(labels) if relabel else np.arange(len(dataset.class_names))
@@ -163,7 +199,6 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
         if transform is None: raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
         transform = get_transform(cfg.transform, train)
     return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
-
 
 # %% ../../nbs/01d_data.core.ipynb #b4c8ee29
 def _spec_from_pipeline(tf) -> dict:

@@ -28,7 +28,10 @@ class Archive(NamedTuple):
     md5: str | None = None
     sha256: str | None = None
 
-def file_hash(path, algorithm: str = "md5", chunk: int = 1 << 20) -> str:
+def file_hash(path, # the file
+              algorithm: str = "md5", # a `hashlib` algorithm name
+              chunk: int = 1 << 20, # bytes read at a time
+             ) -> str:
     "Hex digest of a file, read in chunks."
     h = hashlib.new(algorithm)
     with open(path, "rb") as f:
@@ -80,8 +83,14 @@ def _transfer(resp, part: Path, start: int, url: str, progress: bool, chunk: int
         raise DownloadError(f"download of {url} truncated: {done} of {total} bytes; {part} is kept, call again to resume")
 
 # %% ../../nbs/01b_data.download.ipynb #a115d04a
-def download_url(url: str, dest, md5: str | None = None, sha256: str | None = None, progress: bool = True,
-                 timeout: float = 60, chunk: int = 1 << 20) -> Path:
+def download_url(url: str, # http(s) address
+                 dest, # the file to write
+                 md5: str | None = None, # expected hex digest; None: not checked
+                 sha256: str | None = None, # expected hex digest; None: not checked
+                 progress: bool = True, # show a progress bar
+                 timeout: float = 60, # seconds without data before giving up
+                 chunk: int = 1 << 20, # bytes read at a time
+                ) -> Path:
     "Download `url` to `dest`, resuming `dest.part` if present; verify `md5`/`sha256`; return `dest`."
     dest = Path(dest); dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists():
@@ -99,7 +108,9 @@ def download_url(url: str, dest, md5: str | None = None, sha256: str | None = No
     return dest
 
 # %% ../../nbs/01b_data.download.ipynb #a8468e47
-def extract_archive(archive, dest_dir) -> list[Path]:
+def extract_archive(archive, # the archive file
+                    dest_dir, # the folder to extract into
+                   ) -> list[Path]:
     "Extract a .zip, .tar, .tgz or .tar.gz into `dest_dir` atomically per top-level entry; return those entries."
     archive, dest_dir = Path(archive), Path(dest_dir)
     tmp = dest_dir/f".{archive.name}.extracting"
@@ -125,7 +136,10 @@ def extract_archive(archive, dest_dir) -> list[Path]:
     return out
 
 # %% ../../nbs/01b_data.download.ipynb #e0fb18a8
-def fetch_archives(archives, root, progress: bool = True) -> Path:
+def fetch_archives(archives, # the dataset's `Archive`s
+                   root, # the folder to download and extract into
+                   progress: bool = True, # show a progress bar
+                  ) -> Path:
     "Download, verify and extract each `Archive` into `root`; return `root`."
     root = Path(root)
     for a in archives:

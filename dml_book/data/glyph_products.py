@@ -20,7 +20,8 @@ __all__ = ['font_coverage', 'glyph_ink', 'scan_code_points', 'code_points', 'dis
            'render_glyph_products', 'GlyphProducts']
 
 # %% ../../nbs/01g_data.glyph_products.ipynb #aad0d76f
-def font_coverage(fonts=GLYPH_FONTS) -> dict[str, frozenset[int]]:
+def font_coverage(fonts=GLYPH_FONTS, # names of fonts that ship with matplotlib
+                 ) -> dict[str, frozenset[int]]:
     "For each font, the code points of categories L, N, P, S that its cmap maps (fontTools)."
     from fontTools.ttLib import TTFont
     out = {}
@@ -33,7 +34,9 @@ def font_coverage(fonts=GLYPH_FONTS) -> dict[str, frozenset[int]]:
 @lru_cache(maxsize=None)
 def _font(name: str) -> FT2Font: return FT2Font(str(font_path(name)))
 
-def glyph_ink(cp: int, font: str) -> Image.Image:
+def glyph_ink(cp: int, # a Unicode code point
+              font: str, # a font name
+             ) -> Image.Image:
     "The anti-aliased ink of code point `cp` in `font`, cropped to its bounding box (greyscale)."
     f = _font(font)
     f.set_size(48, 72); f.set_text(chr(cp)); f.draw_glyphs_to_bitmap(antialiased=True)
@@ -48,7 +51,8 @@ def _clean(cp: int, font: str, size: int) -> np.ndarray:
     canvas = Image.new("L", (size, size)); canvas.paste(ink, ((size-ink.width)//2, (size-ink.height)//2))
     return np.asarray(canvas)
 
-def scan_code_points(fonts=GLYPH_FONTS) -> np.ndarray:
+def scan_code_points(fonts=GLYPH_FONTS, # names of fonts that ship with matplotlib
+                    ) -> np.ndarray:
     "Code points that draw ink and a bitmap of their own, in a fixed shuffled order."
     cov, seen, keep = font_coverage(fonts), set(), []
     for cp in sorted(set().union(*cov.values())):
@@ -70,12 +74,18 @@ def _cached(name: str, key, build, root=None) -> dict:
     np.savez_compressed(tmp, **out); os.replace(tmp, path)
     return out
 
-def code_points(root=None) -> np.ndarray:
+def code_points(root=None, # cache folder; None: `cache_dir()`
+               ) -> np.ndarray:
     "The candidate classes of glyph products (cached `scan_code_points`)."
     return _cached("glyphs_xl-cps", (GLYPH_FONTS, 1), lambda: {"cps": scan_code_points()}, root)["cps"]
 
 # %% ../../nbs/01g_data.glyph_products.ipynb #ff3d728b
-def distort_glyph(cp: int, font: str, rng: np.random.Generator, size: int = 32, strength: float = 1.0) -> np.ndarray:
+def distort_glyph(cp: int, # a Unicode code point
+                  font: str, # a font name
+                  rng: np.random.Generator, # source of the random distortion
+                  size: int = 32, # image height and width in pixels
+                  strength: float = 1.0, # scale of the distortion (0: none)
+                 ) -> np.ndarray:
     "A `size` x `size` uint8 image of code point `cp` in `font` under a random distortion drawn from `rng`."
     S, s = 2*size, strength
     ink = glyph_ink(cp, font); w, h = ink.size
@@ -96,8 +106,14 @@ def distort_glyph(cp: int, font: str, rng: np.random.Generator, size: int = 32, 
     return np.clip(x, 0, 255).round().astype(np.uint8)
 
 # %% ../../nbs/01g_data.glyph_products.ipynb #281beb77
-def render_class(cp: int, cov: dict, seed: int = 0, size: int = 32, strength: float = 1.0,
-                 min_images: int = 2, max_images: int = 12) -> np.ndarray:
+def render_class(cp: int, # the class's code point
+                 cov: dict, # font -> code points it covers (`font_coverage`)
+                 seed: int = 0, # with `cp`, seeds the class's generator
+                 size: int = 32, # image height and width in pixels
+                 strength: float = 1.0, # scale of the distortion (0: none)
+                 min_images: int = 2, # fewest images of the class
+                 max_images: int = 12, # most images of the class
+                ) -> np.ndarray:
     "The images `(n, size, size)` of one class; `n` and everything else drawn from the generator of `(seed, cp)`."
     rng = np.random.default_rng([seed, cp])
     n = min_images + rng.binomial(max_images - min_images, 0.3)
@@ -105,8 +121,14 @@ def render_class(cp: int, cov: dict, seed: int = 0, size: int = 32, strength: fl
     return np.stack([distort_glyph(cp, fonts[rng.integers(len(fonts))], rng, size, strength) for _ in range(n)])
 
 # %% ../../nbs/01g_data.glyph_products.ipynb #38512761
-def render_glyph_products(n_classes: int = 2000, seed: int = 0, size: int = 32, strength: float = 1.0,
-                          min_images: int = 2, max_images: int = 12, root=None) -> dict:
+def render_glyph_products(n_classes: int = 2000, # number of classes (code points)
+                          seed: int = 0, # seed of every class's generator
+                          size: int = 32, # image height and width in pixels
+                          strength: float = 1.0, # scale of the distortion (0: none)
+                          min_images: int = 2, # fewest images of a class
+                          max_images: int = 12, # most images of a class
+                          root=None, # cache folder; None: `cache_dir()`
+                         ) -> dict:
     "Images, labels and code points of the first `n_classes` candidate classes, through the cache."
     cps = code_points(root)
     if not 2 <= n_classes <= len(cps): raise ValueError(f"n_classes must be between 2 and {len(cps)}, not {n_classes}")

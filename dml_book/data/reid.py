@@ -73,19 +73,27 @@ class _IdNames(dict):
     def __missing__(self, pid: int) -> str: return f"{pid:04d}"
 
 @patch
-def read_split(self: ReidImageDataset, folder: Path, split: str) -> tuple[list[Path], np.ndarray, np.ndarray]:
+def read_split(self: ReidImageDataset,
+               folder: Path, # the dataset folder
+               split: str, # train, query or gallery
+              ) -> tuple[list[Path], np.ndarray, np.ndarray]:
     "Image paths, identities and cameras of `split` in the dataset folder `folder`."
     return read_reid_folder(folder/self.split_folders[split], self.layout, self.name_pattern, self.junk_ids)
 
 # %% ../../nbs/01f_data.reid.ipynb #acb4b050
 @patch
-def read_index(self: ReidImageDataset, folder: Path, split: str):
+def read_index(self: ReidImageDataset,
+               folder: Path, # the dataset folder
+               split: str, # train, query or gallery
+              ):
     "Image paths, identities as class keys, and their names, of `split`; sets `.pids` and `.camids`."
     paths, self.pids, self.camids = self.read_split(folder, split)
     return paths, self.pids.tolist(), _IdNames()
 
 @patch
-def label_keys(self: ReidImageDataset, keys: list) -> list:
+def label_keys(self: ReidImageDataset,
+               keys: list, # the identity of each image of the split
+              ) -> list:
     "Training: its own identities; query and gallery: the identities of both, one numbering."
     if self.split == "train": return sorted(set(keys))
     return sorted(set(np.concatenate([self.read_split(self.root, s)[1] for s in ("query", "gallery")]).tolist()))

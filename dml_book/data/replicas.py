@@ -18,7 +18,11 @@ __all__ = ['CARS_FIELDS', 'SOP_SUPER', 'write_jpeg', 'write_cub', 'write_cars', 
            'write_veri', 'LocalServer']
 
 # %% ../../nbs/01a_data.replicas.ipynb #923eedbf
-def write_jpeg(path: Path, label: int, rng: np.random.Generator, size: tuple[int, int] = (12, 16)):
+def write_jpeg(path: Path, # the file to write
+               label: int, # the class the colour encodes
+               rng: np.random.Generator, # source of the pixel noise
+               size: tuple[int, int] = (12, 16), # (height, width) in pixels
+              ):
     "A tiny JPEG at `path` (h, w = `size`) whose colour encodes `label`."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
     colour = np.array([(label * 53) % 256, (label * 97) % 256, (label * 151) % 256])
@@ -28,7 +32,9 @@ def write_jpeg(path: Path, label: int, rng: np.random.Generator, size: tuple[int
 # %% ../../nbs/01a_data.replicas.ipynb #0cd24a7f
 def write_cub(root, # folder that will hold `CUB_200_2011/`
               classes=(1, 2, 3, 101, 102, 103), # CUB class ids (1-200) to write
-              per_class: int = 3, seed: int = 0) -> Path:
+              per_class: int = 3, # images per class
+              seed: int = 0, # seed of the pixel noise
+             ) -> Path:
     "A replica of the extracted `CUB_200_2011.tgz`; returns the `CUB_200_2011` folder."
     base, rng = Path(root)/"CUB_200_2011", np.random.default_rng(seed)
     images, labels = [], []
@@ -44,7 +50,11 @@ def write_cub(root, # folder that will hold `CUB_200_2011/`
 # %% ../../nbs/01a_data.replicas.ipynb #ed366675
 CARS_FIELDS = ("relative_im_path", "bbox_x1", "bbox_y1", "bbox_x2", "bbox_y2", "class", "test")
 
-def write_cars(root, classes=(1, 2, 3, 99, 100, 101), per_class: int = 3, seed: int = 0) -> Path:
+def write_cars(root, # the folder to write `cars196/` into
+               classes=(1, 2, 3, 99, 100, 101), # the class ids (1-196) to include
+               per_class: int = 3, # images per class
+               seed: int = 0, # seed of the pixel noise
+              ) -> Path:
     "A replica of `car_ims/` and `cars_annos.mat` in `<root>/cars196`; returns that folder."
     base, rng = Path(root)/"cars196", np.random.default_rng(seed)
     labels = rng.permutation(np.repeat(np.asarray(classes), per_class))     # not ordered by class
@@ -62,7 +72,12 @@ def write_cars(root, classes=(1, 2, 3, 99, 100, 101), per_class: int = 3, seed: 
 SOP_SUPER = ("bicycle", "cabinet", "chair", "coffee_maker", "fan", "kettle", "lamp", "mug", "sofa", "stapler",
              "table", "toaster")
 
-def write_sop(root, n_train: int = 4, n_test: int = 4, per_class: int = 2, seed: int = 0) -> Path:
+def write_sop(root, # the folder to write into
+              n_train: int = 4, # training classes
+              n_test: int = 4, # test classes
+              per_class: int = 2, # images per class
+              seed: int = 0, # seed of the pixel noise
+             ) -> Path:
     "A replica of the extracted `Stanford_Online_Products.zip`; returns that folder."
     base, rng = Path(root)/"Stanford_Online_Products", np.random.default_rng(seed)
     rows = {"train": [], "test": []}
@@ -100,8 +115,15 @@ def _write_reid(base: Path, folders: tuple, style: str, train_ids, test_ids, n_c
     return base
 
 # %% ../../nbs/01a_data.replicas.ipynb #4729d573
-def write_market(root, train_ids=(2, 7, 10, 11), test_ids=(1, 3, 4), n_cams: int = 3, per_cam: int = 2,
-                 distractors: int = 2, junk: int = 2, seed: int = 0) -> Path:
+def write_market(root, # the folder to write into
+                 train_ids=(2, 7, 10, 11), # identities of the training split
+                 test_ids=(1, 3, 4), # identities of query and gallery
+                 n_cams: int = 3, # cameras
+                 per_cam: int = 2, # images of each identity per camera
+                 distractors: int = 2, # gallery images of identity 0 (distractors)
+                 junk: int = 2, # gallery images of identity -1 (junk)
+                 seed: int = 0, # seed of the pixel noise
+                ) -> Path:
     "A replica of the extracted Market-1501 archive (with distractors, junk and `Thumbs.db`); returns its folder."
     base = Path(root)/"Market-1501-v15.09.15"
     _write_reid(base, ("bounding_box_train", "query", "bounding_box_test"), "market", train_ids, test_ids, n_cams,
@@ -109,12 +131,24 @@ def write_market(root, train_ids=(2, 7, 10, 11), test_ids=(1, 3, 4), n_cams: int
     for f in ("bounding_box_train", "query", "bounding_box_test"): (base/f/"Thumbs.db").write_bytes(b"\0" * 16)
     return base
 
-def write_duke(root, train_ids=(1, 5, 9), test_ids=(2, 6), n_cams: int = 3, per_cam: int = 2, seed: int = 0) -> Path:
+def write_duke(root, # the folder to write into
+               train_ids=(1, 5, 9), # identities of the training split
+               test_ids=(2, 6), # identities of query and gallery
+               n_cams: int = 3, # cameras
+               per_cam: int = 2, # images of each identity per camera
+               seed: int = 0, # seed of the pixel noise
+              ) -> Path:
     "A replica of the extracted DukeMTMC-reID archive; returns its folder."
     return _write_reid(Path(root)/"DukeMTMC-reID", ("bounding_box_train", "query", "bounding_box_test"), "duke",
                        train_ids, test_ids, n_cams, per_cam, np.random.default_rng(seed))
 
-def write_veri(root, train_ids=(1, 2, 4, 5), test_ids=(3, 6, 8), n_cams: int = 3, per_cam: int = 2, seed: int = 0) -> Path:
+def write_veri(root, # the folder to write into
+               train_ids=(1, 2, 4, 5), # identities of the training split
+               test_ids=(3, 6, 8), # identities of query and gallery
+               n_cams: int = 3, # cameras
+               per_cam: int = 2, # images of each identity per camera
+               seed: int = 0, # seed of the pixel noise
+              ) -> Path:
     "A replica of the extracted VeRi-776 archive (`VeRi/`); returns its folder."
     return _write_reid(Path(root)/"VeRi", ("image_train", "image_query", "image_test"), "veri",
                        train_ids, test_ids, n_cams, per_cam, np.random.default_rng(seed))
@@ -122,7 +156,12 @@ def write_veri(root, train_ids=(1, 2, 4, 5), test_ids=(3, 6, 8), n_cams: int = 3
 # %% ../../nbs/01a_data.replicas.ipynb #cc5955db
 class LocalServer:
     "Serve `files` (`{'/name': bytes}`) on 127.0.0.1; `truncate={'/name': n}` cuts the first transfer after n bytes."
-    def __init__(self, files: dict, truncate: dict | None = None, ranges: bool = True, lifetime: float = 60):
+    def __init__(self,
+                 files: dict, # {'/name': bytes} to serve
+                 truncate: dict | None = None, # {'/name': n}: the first transfer stops after n bytes
+                 ranges: bool = True, # honour HTTP Range requests (resumable downloads)
+                 lifetime: float = 60, # seconds before the server stops itself
+                ):
         self.files, self.truncate, self.ranges, self.requests = files, dict(truncate or {}), ranges, []
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"

@@ -17,7 +17,10 @@ from .download import Archive
 __all__ = ['CARS_SOURCE', 'read_rows', 'CUB200', 'Cars196', 'SOP']
 
 # %% ../../nbs/01e_data.retrieval.ipynb #b65c72e7
-def read_rows(path: Path, layout: str, header: str | None = None) -> list[list[str]]:
+def read_rows(path: Path, # the index file
+              layout: str, # the expected layout, quoted in the error
+              header: str | None = None, # the expected first line; None: no header
+             ) -> list[list[str]]:
     "Whitespace-split rows of a text index file (checking its `header` line if given)."
     if not path.is_file(): raise DatasetNotFoundError(f"expected {path}, which is missing; the layout is:\n{layout}")
     lines = [l for l in path.read_text().splitlines() if l.strip()]
@@ -37,7 +40,10 @@ class CUB200(ImageFileDataset):
     archives = (Archive("https://data.caltech.edu/records/65de6-vp158/files/CUB_200_2011.tgz?download=1",
                         "CUB_200_2011.tgz", md5="97eceeb196236b17998738112f37df78"),)
 
-    def read_index(self, folder, split):
+    def read_index(self,
+                   folder, # the dataset folder
+                   split, # train or test
+                  ):
         images = dict(read_rows(folder/"images.txt", self.layout))
         classes = {i: int(c) for i, c in read_rows(folder/"image_class_labels.txt", self.layout)}
         names = {int(c): n for c, n in read_rows(folder/"classes.txt", self.layout)}
@@ -70,7 +76,10 @@ class Cars196(ImageFileDataset):
     layout = "cars196/{cars_annos.mat, car_ims/000001.jpg, ..., car_ims/016185.jpg}"
     source = CARS_SOURCE
 
-    def read_index(self, folder, split):
+    def read_index(self,
+                   folder, # the dataset folder
+                   split, # train or test
+                  ):
         path = folder/"cars_annos.mat"
         try: mat = scipy.io.loadmat(path, squeeze_me=True)
         except Exception as e: raise ValueError(f"cannot read {path}: {e}") from e
@@ -91,7 +100,10 @@ class SOP(ImageFileDataset):
     archives = (Archive("http://ftp.cs.stanford.edu/cs/cvgl/Stanford_Online_Products.zip",
                         "Stanford_Online_Products.zip", md5="7f73d41a2f44250d4779881525aea32e"),)
 
-    def read_index(self, folder, split):
+    def read_index(self,
+                   folder, # the dataset folder
+                   split, # train or test
+                  ):
         rows = read_rows(folder/f"Ebay_{split}.txt", self.layout, header="image_id class_id super_class_id path")
         paths = [folder/p for *_, p in rows]
         keys = [int(c) for _, c, _, _ in rows]

@@ -7,7 +7,7 @@ Docs: https://dml-book.github.io/dml_book/data.transforms.html.md"""
 # %% ../../nbs/01c_data.transforms.ipynb #0956f4cb
 from __future__ import annotations
 from typing import Callable
-from ..registry import UnknownNameError
+from ..registry import check_choice
 
 # %% auto #0
 __all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'TRANSFORM_PRESETS', 'retrieval_transform', 'reid_transform', 'get_transform']
@@ -43,6 +43,5 @@ TRANSFORM_PRESETS: dict[str, Callable[[bool], Callable]] = {
 
 def get_transform(name: str, train: bool) -> Callable:
     "The preset `name` for training (`train=True`) or testing."
-    if name not in TRANSFORM_PRESETS:
-        raise UnknownNameError(f"unknown transform preset {name!r}; choose from: {', '.join(sorted(TRANSFORM_PRESETS))}")
+    check_choice("transform preset", name, sorted(TRANSFORM_PRESETS))
     return TRANSFORM_PRESETS[name](train)

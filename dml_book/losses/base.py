@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from ..distances import check_batch, check_tuple
+from ..registry import check_choice
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LossOutput', 'Reduction', 'as_reduction', 'reduce_losses', 'masked_reduce', 'NonFiniteError', 'check_finite',
@@ -30,10 +32,10 @@ class Reduction(str, Enum):
     "How per-tuple losses become one number."
     MEAN = "mean"; MEAN_NONZERO = "mean_nonzero"; SUM = "sum"; NONE = "none"
 
-def as_reduction(r: str|Reduction) -> Reduction:
+def as_reduction(r: str|Reduction, # a `Reduction` or its name
+                ) -> Reduction:
     "`Reduction` from its name, with an error listing the choices."
-    try: return Reduction(r)
-    except ValueError: raise ValueError(f"unknown reduction {r!r}; choose from: {', '.join(x.value for x in Reduction)}") from None
+    return check_choice("reduction", r, Reduction)
 
 # %% ../../nbs/04_losses.base.ipynb #0e18bfd3
 def _reduce_block(l: Tensor, w: Tensor|None, c: Tensor|None, r: Reduction) -> Tensor:
@@ -89,16 +91,24 @@ class BaseLoss(nn.Module):
         super().__init__()
         self.reduction, self.normalize = as_reduction(reduction), normalize
 
-    def compute(self, embeddings: Tensor, labels: Tensor, indices_tuple) -> LossOutput:
+    def compute(self,
+                embeddings: Tensor, # (B, D) embeddings (L2-normalised unless `normalize=False`)
+                labels: Tensor, # (B,) integer class labels
+                indices_tuple, # (a, p, n) or (a1, p, a2, n) from a miner; every valid tuple of the batch when None
+               ) -> LossOutput:
         "Per-tuple losses; written by each subclass."
         raise NotImplementedError
 
-    def reduced_all(self, embeddings: Tensor, labels: Tensor) -> Tensor|None:
+    def reduced_all(self,
+                    embeddings: Tensor, # (B, D) embeddings (L2-normalised unless `normalize=False`)
+                    labels: Tensor, # (B,) integer class labels
+                   ) -> Tensor|None:
         "Optional shortcut: the reduced loss over all tuples of the batch without listing them (None: no shortcut)."
         return None
 
 # %% ../../nbs/04_losses.base.ipynb #2b85609a
-def _forward(self: BaseLoss,
+@patch
+def forward(self: BaseLoss,
              embeddings: Tensor, # (B, D) embeddings
              labels: Tensor, # (B,) integer class labels
              indices_tuple: tuple|None = None, # (a, p, n) or (a1, p, a2, n) from a miner; all valid tuples when None
@@ -121,4 +131,3 @@ def _forward(self: BaseLoss,
                              f"got {tuple(weights.shape) if torch.is_tensor(weights) else type(weights).__name__}")
         weights = weights.to(out.losses.dtype)
     return reduce_losses(out, self.reduction, weights)
-BaseLoss.forward = _forward

@@ -24,14 +24,19 @@ class ProxyLoss(BaseLoss):
     uses_proxies = True
     def __init__(self, num_classes: int, # number of classes, one proxy each
                  embedding_size: int, # dimension of the embeddings
-                 reduction: str = "mean",
-                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+                 reduction: str = "mean", # how the per-example losses are combined (`Reduction`)
+                 normalize: bool = True, # L2-normalise the embeddings first (as PML's distances do)
+                ):
         super().__init__(reduction, normalize)
         self.num_classes = num_classes
         self.proxies = nn.Parameter(torch.empty(num_classes, embedding_size))
         nn.init.normal_(self.proxies)
 
-    def select(self, embeddings: Tensor, labels: Tensor, indices_tuple) -> tuple[Tensor, Tensor, Tensor]:
+    def select(self,
+               embeddings: Tensor, # (B, D) embeddings
+               labels: Tensor, # (B,) class labels in [0, num_classes)
+               indices_tuple, # a miner's output: every row it names takes part; None: every row
+              ) -> tuple[Tensor, Tensor, Tensor]:
         "The embeddings, labels and batch indices that take part; checks labels against the proxies."
         if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
             raise ValueError(f"labels must be in [0, {self.num_classes}) for {self.num_classes} proxies")
@@ -45,11 +50,14 @@ class ProxyLoss(BaseLoss):
 @LOSSES.register("proxynca")
 class ProxyNCALoss(ProxyLoss):
     "Softmax over negative squared distances to the proxies (Movshovitz-Attias et al. 2017, eq. 4)."
-    def __init__(self, num_classes: int, embedding_size: int,
+    def __init__(self,
+                 num_classes: int, # number of proxies, one per training class
+                 embedding_size: int, # dimension D of the embeddings and proxies
                  softmax_scale: float = 1., # multiplies the negative squared distances
                  exclude_positive: bool = False, # the paper's denominator, without the positive proxy
                  reduction: str = "mean", # mean over embeddings
-                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+                 normalize: bool = True, # L2-normalise the embeddings first (as PML's distances do)
+                ):
         super().__init__(num_classes, embedding_size, reduction, normalize)
         if exclude_positive and num_classes < 2: raise ValueError("exclude_positive needs at least 2 classes")
         self.softmax_scale, self.exclude_positive = softmax_scale, exclude_positive
@@ -66,11 +74,14 @@ class ProxyNCALoss(ProxyLoss):
 @LOSSES.register("proxyanchor")
 class ProxyAnchorLoss(ProxyLoss):
     "Proxy-Anchor loss (Kim et al. 2020, eq. 4): each proxy pulls its class and pushes the rest, over cosine similarity."
-    def __init__(self, num_classes: int, embedding_size: int,
+    def __init__(self,
+                 num_classes: int, # number of proxies, one per training class
+                 embedding_size: int, # dimension D of the embeddings and proxies
                  margin: float = 0.1, # delta
                  alpha: float = 32., # the scale alpha
                  reduction: str = "mean", # each block averaged as in eq. (4), then added
-                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+                 normalize: bool = True, # L2-normalise the embeddings first (as PML's distances do)
+                ):
         super().__init__(num_classes, embedding_size, reduction, normalize)
         self.margin, self.alpha = margin, alpha
         nn.init.kaiming_normal_(self.proxies, mode="fan_out")
@@ -90,10 +101,13 @@ class ProxyAnchorLoss(ProxyLoss):
 @LOSSES.register("normsoftmax")
 class NormSoftmaxLoss(ProxyLoss):
     "Cross-entropy over cosine similarities to the proxies divided by a temperature (Zhai & Wu 2019, eq. 2)."
-    def __init__(self, num_classes: int, embedding_size: int,
+    def __init__(self,
+                 num_classes: int, # number of proxies, one per training class
+                 embedding_size: int, # dimension D of the embeddings and proxies
                  temperature: float = 0.05, # sigma
                  reduction: str = "mean", # mean over embeddings
-                 normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
+                 normalize: bool = True, # L2-normalise the embeddings first (as PML's distances do)
+                ):
         super().__init__(num_classes, embedding_size, reduction, normalize)
         self.temperature = temperature
 

@@ -12,12 +12,16 @@ from torch import Tensor, nn
 from ..registry import LOSSES
 from ..distances import euclidean, squared_euclidean, pair_masks, to_pairs, to_triplets, all_triplet_distances
 from .base import BaseLoss, LossOutput, Reduction, masked_reduce
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['triplet_distances', 'TripletLoss', 'ContrastiveLoss', 'MarginLoss']
 
 # %% ../../nbs/04a_losses.triplet.ipynb #c3fd66eb
-def triplet_distances(d: Tensor, labels: Tensor, indices_tuple) -> tuple[Tensor, Tensor, tuple]:
+def triplet_distances(d: Tensor, # (B, B) pairwise distances
+                      labels: Tensor, # (B,) integer class labels
+                      indices_tuple, # (a, p, n) or (a1, p, a2, n) from a miner; every valid tuple of the batch when None
+                     ) -> tuple[Tensor, Tensor, tuple]:
     "`(d[a, p], d[a, n], (a, p, n))` for the given triplets (or pairs sharing anchors), all triplets when None."
     if indices_tuple is None: return all_triplet_distances(d, labels)
     a, p, n = to_triplets(indices_tuple, labels)
@@ -46,11 +50,11 @@ def _all_pos_rows(d: Tensor, labels: Tensor):
     a, p = torch.where(pos)
     return a, d[a, p], d[a], neg[a]
 
-def _triplet_all(self: TripletLoss, embeddings, labels):
+@patch
+def reduced_all(self: TripletLoss, embeddings, labels):
     d = (squared_euclidean if self.squared else euclidean)(embeddings)
     _, dap, rows, negs = _all_pos_rows(d, labels)
     return masked_reduce(F.relu(dap[:, None] - rows + self.margin) * negs, negs, self.reduction)
-TripletLoss.reduced_all = _triplet_all
 
 # %% ../../nbs/04a_losses.triplet.ipynb #1caa2195
 @LOSSES.register("contrastive")
@@ -71,13 +75,13 @@ class ContrastiveLoss(BaseLoss):
         return LossOutput(l.pow(2) / 2 if self.squared else l, (a1, p, a2, n), groups=(len(a1), len(a2)))
 
 # %% ../../nbs/04a_losses.triplet.ipynb #2d89f613
-def _contrastive_all(self: ContrastiveLoss, embeddings, labels):
+@patch
+def reduced_all(self: ContrastiveLoss, embeddings, labels):
     d = euclidean(embeddings)
     pos, neg = pair_masks(labels)
     lp, ln = F.relu(d - self.pos_margin) * pos, F.relu(self.neg_margin - d) * neg
     if self.squared: lp, ln = lp.pow(2) / 2, ln.pow(2) / 2
     return masked_reduce(lp, pos, self.reduction) + masked_reduce(ln, neg, self.reduction)
-ContrastiveLoss.reduced_all = _contrastive_all
 
 # %% ../../nbs/04a_losses.triplet.ipynb #568688aa
 @LOSSES.register("margin")
@@ -100,25 +104,29 @@ class MarginLoss(BaseLoss):
         else: self.register_buffer("beta", b)
 
 # %% ../../nbs/04a_losses.triplet.ipynb #461921ce
-def _margin_compute(self: MarginLoss, embeddings, labels, indices_tuple):
+@patch
+def compute(self: MarginLoss, embeddings, labels, indices_tuple):
     d = euclidean(embeddings)
     dap, dan, (a, p, n) = triplet_distances(d, labels, indices_tuple)
     beta = self.beta_of(labels, a).to(d.dtype)
     pos, neg = F.relu(dap - beta + self.margin), F.relu(beta - dan + self.margin)
     l = pos + neg + (self.nu * beta if self.learn_beta and self.nu else 0)
     return LossOutput(l, (a, p, n), nonzero=(pos > 0).long() + (neg > 0).long())
-MarginLoss.compute = _margin_compute
 
-def _beta_of(self: MarginLoss, labels: Tensor, a: Tensor) -> Tensor:
+@patch
+def beta_of(self: MarginLoss,
+            labels: Tensor, # (B,) integer class labels
+            a: Tensor, # anchor indices into the batch
+           ) -> Tensor:
     "The beta of each anchor in `a`."
     if len(self.beta) == 1: return self.beta
     if len(labels) and (labels.min() < 0 or labels.max() >= len(self.beta)):
         raise ValueError(f"labels must be in [0, {len(self.beta)}) for a per-class beta")
     return self.beta[labels[a]]
-MarginLoss.beta_of = _beta_of
 
 # %% ../../nbs/04a_losses.triplet.ipynb #6cb9586e
-def _margin_all(self: MarginLoss, embeddings, labels):
+@patch
+def reduced_all(self: MarginLoss, embeddings, labels):
     d = euclidean(embeddings)
     a, dap, rows, negs = _all_pos_rows(d, labels)
     beta = self.beta_of(labels, a).to(d.dtype).expand(len(a))
@@ -129,4 +137,3 @@ def _margin_all(self: MarginLoss, embeddings, labels):
     if self.reduction is Reduction.SUM: return num
     den = k.sum() if self.reduction is Reduction.MEAN else (k * (pos > 0)).sum() + (neg > 0).sum()
     return num / den.clamp_min(1)
-MarginLoss.reduced_all = _margin_all

@@ -83,21 +83,34 @@ def one_step(params: dict[str, Tensor], # the parameters theta the loss was comp
 
 
 # %% ../../nbs/20_methods.ala.ipynb #d0700d4f
-def weighted_sum(loss_fn, emb: Tensor, labels: Tensor, indices_tuple, # a library loss and its inputs
-                 weights: Tensor | None = None) -> Tensor: # (T,) per-tuple weights; None: all 1
+def weighted_sum(loss_fn, # a loss built with reduction='none'
+                 emb: Tensor, # (B, D) embeddings
+                 labels: Tensor, # (B,) integer class labels
+                 indices_tuple, # the tuples to weigh, as the loss takes them
+                 weights: Tensor | None = None, # (T,) per-tuple weights; None: all 1
+                ) -> Tensor:
     "The sum over the tuples of (w_i / mean w) L(T_i): eqs. (10) and (13) with weights (see the text), eq. (11) without."
     out = loss_fn.compute(emb, labels, indices_tuple)
     if weights is None: return out.losses.sum()
     w = weights.to(out.losses.dtype)
     return (w / w.mean().clamp_min(1e-12) * out.losses).sum()
 
-def meta_objective(assessor: Assessor, state, # the assessor and its carried LSTM state
+def meta_objective(assessor: Assessor, # the tuple assessor
+                   state, # the assessor's carried LSTM state
                    tuples: Tensor, # (T, tuple_dim) the training tuples as `tuple_embeddings` gives them
-                   emb: Tensor, labels: Tensor, indices_tuple, # training embeddings computed from `params`, labels, tuples
-                   module: nn.Module, params: dict[str, Tensor], lrs, # the stepped module, its parameters and alpha
-                   val_input: Tensor, val_labels: Tensor, # validation inputs of `module` and labels
-                   loss_fn, val_tuples=None, buffers: dict | None = None, # validation tuples (None: all); module buffers
-                   weight_decays=0.0) -> Tensor: # the optimiser's weight decay in the step
+                   emb: Tensor, # (B, D) training embeddings computed from `params`
+                   labels: Tensor, # (B,) training labels
+                   indices_tuple, # the training tuples, as the loss takes them
+                   module: nn.Module, # the metric network (the part updated in the inner step)
+                   params: dict[str, Tensor], # name -> tensor of `module`'s parameters
+                   lrs, # alpha of eq. (10): one rate, or one per parameter
+                   val_input: Tensor, # the validation episode's network input
+                   val_labels: Tensor, # (V,) validation labels
+                   loss_fn, # a loss built with reduction='none'
+                   val_tuples=None, # the validation tuples; None: all of the validation batch
+                   buffers: dict | None = None, # the module's buffers for the functional call; None: its own
+                   weight_decays=0.0, # the optimiser's weight decay in the step
+                  ) -> Tensor:
     "Eq. (11): the unweighted validation loss of the metric after one step (eq. 10) on the assessor-weighted training loss."
     w, _ = assessor(tuples, state)                                                           # eq. (8)
     stepped = one_step(params, weighted_sum(loss_fn, emb, labels, indices_tuple, w), lrs, weight_decays)  # eq. (10)

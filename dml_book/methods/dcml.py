@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
+from ..registry import check_choice
 from ..registry import METHODS, LOSSES
 from .base import Method, TrainerView
 import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
@@ -32,16 +33,21 @@ class Learners(nn.Module):
         self.embedding_dim = n_learners * learner_dim
         self.fc = nn.Linear(in_features, self.embedding_dim)  # K learners g_k stacked
 
-    def sub_embeddings(self, features: torch.Tensor) -> torch.Tensor:
+    def sub_embeddings(self,
+                       features: torch.Tensor, # (B, F) backbone features
+                      ) -> torch.Tensor:
         "The K normalised sub-embeddings g_k(x), shape (B, K, D)."
         return F.normalize(self.fc(features).view(-1, self.n_learners, self.learner_dim), dim=-1)
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
+    def forward(self,
+                features: torch.Tensor, # (B, F) backbone features
+               ) -> torch.Tensor:
         "The test embedding y = [g_1(x), ..., g_K(x)] / sqrt(K), shape (B, K*D), unit norm."
         return self.sub_embeddings(features).flatten(1) / math.sqrt(self.n_learners)
 
 # %% ../../nbs/22_methods.dcml.ipynb #355eee33
-def sign_ste(a: torch.Tensor) -> torch.Tensor:
+def sign_ste(a: torch.Tensor, # the pre-activation of eq. (5)
+            ) -> torch.Tensor:
     "sgn(tanh(a)) forward (sgn(0) = +1), the gradient of tanh(a) backward (eq. 5, straight-through)."
     th = torch.tanh(a)
     return th + (torch.where(th >= 0, 1.0, -1.0).to(th) - th).detach()
@@ -57,7 +63,7 @@ class Compositor(nn.Module):
         super().__init__()
         if min(in_features, n_learners, n_compositors) < 1:
             raise ValueError(f"in_features, n_learners and n_compositors must be >= 1, got {in_features}, {n_learners}, {n_compositors}")
-        if weighting not in ("softmax", "relu"): raise ValueError(f"unknown weighting {weighting!r}; choose from: relu, softmax")
+        check_choice("weighting", weighting, ("relu", "softmax"))
         self.n_learners, self.n_compositors, self.use_sign, self.weighting_fn = n_learners, n_compositors, use_sign, weighting
         self.weighting = nn.Parameter(torch.randn(n_compositors, n_learners, in_features))  # W_m, eq. 4
         self.weighting_bias = nn.Parameter(torch.zeros(n_compositors, n_learners))
@@ -66,13 +72,17 @@ class Compositor(nn.Module):
 
 
 # %% ../../nbs/22_methods.dcml.ipynb #4c6e76bc
-def relu_normalize(a: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+def relu_normalize(a: torch.Tensor, # scores to normalise over the last axis
+                   eps: float = 1e-12, # keeps an all-zero row at 0 instead of NaN
+                  ) -> torch.Tensor:
     "ReLU(a) / sum ReLU(a) over the last axis: eq. 4 with the exponential replaced by a ReLU (all-zero rows stay 0)."
     r = F.relu(a)
     return r / r.sum(-1, keepdim=True).clamp_min(eps)
 
 @patch
-def scores(self: Compositor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def scores(self: Compositor,
+           y: torch.Tensor, # (B, F) backbone features
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     "Weighting score t (eq. 4) and sign score s (eq. 5), each (B, M, K)."
     a = torch.einsum("bi,mki->bmk", y, self.weighting) + self.weighting_bias
     t = torch.softmax(a, dim=-1) if self.weighting_fn == "softmax" else relu_normalize(a)
@@ -80,7 +90,9 @@ def scores(self: Compositor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return t, sign_ste(torch.einsum("bi,mki->bmk", y, self.signing) + self.signing_bias)
 
 @patch
-def forward(self: Compositor, y: torch.Tensor) -> torch.Tensor:
+def forward(self: Compositor,
+            y: torch.Tensor, # (B, F) backbone features
+           ) -> torch.Tensor:
     "The weights c = t * s, shape (B, M, K); |c| sums to 1 over K."
     t, s = self.scores(y)
     return t * s
@@ -94,12 +106,15 @@ def compose(c: torch.Tensor, # weights (B, M, K)
     return torch.einsum("bmk,bkd->bmd", c, g)
 
 # %% ../../nbs/22_methods.dcml.ipynb #6f9d6013
-def rein_loss(c: torch.Tensor) -> torch.Tensor:
+def rein_loss(c: torch.Tensor, # (B, M, K) compositor weights
+             ) -> torch.Tensor:
     "Self-reinforced loss -sum_m log max_k |c_m^k| (eq. 7), averaged over the batch; c is (B, M, K)."
     return -torch.log(c.abs().amax(dim=-1).clamp_min(1e-12)).sum(-1).mean()
 
 # %% ../../nbs/22_methods.dcml.ipynb #c99cebbd
-def ensemble_weights(n_compositors: int, n_learners: int) -> torch.Tensor:
+def ensemble_weights(n_compositors: int, # M, number of composites
+                     n_learners: int, # K, number of learners
+                    ) -> torch.Tensor:
     "Fixed one-hot weights (M, K): composite m is learner m mod K (the 'without compositors' ablation)."
     return F.one_hot(torch.arange(n_compositors) % n_learners, n_learners).float()
 
@@ -112,7 +127,9 @@ class FCComposer(nn.Module):
         self.n_compositors, self.learner_dim = n_compositors, learner_dim
         self.fc = nn.Linear(in_features, n_compositors * learner_dim)
 
-    def forward(self, y: torch.Tensor) -> torch.Tensor:
+    def forward(self,
+                y: torch.Tensor, # (B, K*D) concatenated sub-embeddings
+               ) -> torch.Tensor:
         "Composites (B, M, D)."
         return self.fc(y).view(-1, self.n_compositors, self.learner_dim)
 
@@ -190,7 +207,9 @@ def param_groups(self: DCML, trainer) -> list[dict]:
 
 # %% ../../nbs/22_methods.dcml.ipynb #996d70f8
 @patch
-def composites(self: DCML, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def composites(self: DCML,
+               g: torch.Tensor, # (B, K, D) sub-embeddings
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
     "Composites z (B, M, D) for the subtasks from sub-embeddings g (B, K, D), and the weights c (B, M, K) (None for FC)."
     y = g.flatten(1) / math.sqrt(g.shape[1])
     if self.fc_compositor: return self.compositor(y), None             # FC ablation: a plain head on y
@@ -259,7 +278,8 @@ DCML.presets = {
 
 
 # %% ../../nbs/22_methods.dcml.ipynb #a4d9637b
-def learner_distances(g: torch.Tensor) -> torch.Tensor:
+def learner_distances(g: torch.Tensor, # (N, K, D) sub-embeddings of N samples
+                     ) -> torch.Tensor:
     "(K, K) normalised distances between learners: mean |D_k/mean(D_k) - D_k'/mean(D_k')| over sample pairs; g is (N, K, D)."
     d = torch.cdist(g.transpose(0, 1), g.transpose(0, 1))                   # (K, N, N) per-learner distances
     d = d / d.mean(dim=(1, 2), keepdim=True).clamp_min(1e-12)

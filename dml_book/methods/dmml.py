@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
-from ..registry import METHODS
+from ..registry import METHODS, check_choice
 from ..distances import squared_euclidean
 from ..samplers import TaskSampler
 from .base import Method, TrainerView
@@ -55,8 +55,7 @@ class SetDistance(str, Enum):
 
 def _choose(enum: type[Enum], value, what: str):
     "`value` as a member of `enum`; a ValueError listing the choices otherwise."
-    try: return enum(value)
-    except ValueError: raise ValueError(f"unknown {what} {value!r}; choose from: {', '.join(m.value for m in enum)}") from None
+    return check_choice(what, value, enum)
 
 # %% ../../nbs/24_methods.dmml.ipynb #eb50d008
 def meta_cell_distances(query: torch.Tensor, # (Q, D) query embeddings
@@ -130,14 +129,22 @@ class MetaCellLoss(nn.Module):
 
 # %% ../../nbs/24_methods.dmml.ipynb #ebd3cc6d
 @patch
-def episode(self: MetaCellLoss, embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def episode(self: MetaCellLoss,
+            embeddings: torch.Tensor, # support rows then query rows of one episode, class by class
+            labels: torch.Tensor, # (B,) class of each row
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     "Set distances (queries, classes) of an episode and the column of each query's own meta-cell."
     ep = split_episode(embeddings, labels, self.n_support)
     d = meta_cell_distances(ep.query, ep.support, ep.support_labels, self.distance, ep.query_labels)
     return d, torch.searchsorted(ep.support_labels.unique(), ep.query_labels)
 
 @patch
-def forward(self: MetaCellLoss, embeddings, labels, indices_tuple=None, weights=None) -> torch.Tensor:
+def forward(self: MetaCellLoss,
+            embeddings, # support rows then query rows of one episode, class by class
+            labels, # (B,) class of each row
+            indices_tuple=None, # unused (the episode defines its own tuples); must be None
+            weights=None, # unused; must be None
+           ) -> torch.Tensor:
     "Eq. (7) averaged over the queries of the episode `(embeddings, labels)`."
     if indices_tuple is not None or weights is not None:
         raise ValueError("MetaCellLoss compares queries with meta-cells of its episode; it takes no indices_tuple or weights")
@@ -186,12 +193,17 @@ def setup(self: DMML, trainer):
 class ClassShare(torch.utils.data.Sampler):
     "Under torchrun: this rank's contiguous block of `n_classes / world_size` classes of every episode of `tasks`."
     def __init__(self, tasks: TaskSampler, # draws the same whole episodes on every rank (rank 0 of 1)
-                 rank: int, world_size: int):
+                 rank: int, # this process's rank
+                 world_size: int, # number of processes
+                ):
         if tasks.n_classes % world_size:
             raise ValueError(f"n_classes={tasks.n_classes} must be divisible by the {world_size} processes: "
                              "each takes the same number of the episode's classes")
         self.tasks, self.rank, self.world_size = tasks, rank, world_size
-    def set_epoch(self, epoch: int): self.tasks.set_epoch(epoch)
+    def set_epoch(self,
+                  epoch: int, # the epoch about to start
+                 ):
+        self.tasks.set_epoch(epoch)
     def __len__(self) -> int: return len(self.tasks)
     def __iter__(self):
         for task in self.tasks:   # class by class, so an equal slice is a block of whole classes

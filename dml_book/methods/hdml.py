@@ -60,7 +60,10 @@ class Generator(nn.Module):
                  hidden: int = 512):       # width of the first layer (512 in the paper)
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(embedding_dim, hidden), nn.Linear(hidden, feature_dim)
-    def forward(self, z): return self.fc2(F.relu(self.fc1(z)))
+    def forward(self,
+                z, # (B, D) synthetic embeddings to map back to the feature space
+               ):
+        return self.fc2(F.relu(self.fc1(z)))
 
 # %% ../../nbs/21_methods.hdml.ipynb #7d8211b7
 def reconstruction_loss(y_rec: torch.Tensor, # (N, F) generator output i(z) for real embeddings
@@ -102,13 +105,18 @@ class WindowAverage:
     def __init__(self, window: int): # number of steps per window (64 in the official code)
         if window < 1: raise ValueError(f"window must be >= 1, got {window}")
         self.window, self.total, self.count, self.value = int(window), 0.0, 0, float("inf")
-    def update(self, x: float) -> float:
+    def update(self,
+               x: float, # the new value
+              ) -> float:
         "Add one value; when the window is full, it becomes the new mean."
         if math.isfinite(x): self.total, self.count = self.total + float(x), self.count + 1
         if self.count == self.window: self.value, self.total, self.count = self.total / self.window, 0.0, 0
         return self.value
     def state_dict(self) -> dict: return dict(total=self.total, count=self.count, value=self.value)
-    def load_state_dict(self, d: dict): self.total, self.count, self.value = d["total"], d["count"], d["value"]
+    def load_state_dict(self,
+                        d: dict, # a `state_dict()` of a `WindowAverage`
+                       ):
+        self.total, self.count, self.value = d["total"], d["count"], d["value"]
 
 # %% ../../nbs/21_methods.hdml.ipynb #f2bdc6e6
 def random_triplets(labels: torch.Tensor, # (B,) class labels
@@ -123,7 +131,8 @@ def random_triplets(labels: torch.Tensor, # (B,) class labels
     n = torch.multinomial((~same)[a].float().cpu(), 1, generator=generator).squeeze(1).to(labels.device)
     return a, p, n
 
-def npair_pairs(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def npair_pairs(labels: torch.Tensor, # (B,) integer class labels
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     "(anchor, positive) indices: the first two samples of every class that has at least two in the batch."
     order = torch.argsort(labels, stable=True)
     sl = labels[order]
@@ -134,14 +143,22 @@ def npair_pairs(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return order[s], order[s + 1]
 
 # %% ../../nbs/21_methods.hdml.ipynb #16e18efc
-def triplet_synthesis(z, labels, triplets, lam: float):
+def triplet_synthesis(z, # (B, D) embeddings
+                      labels, # (B,) integer class labels
+                      triplets, # (a, p, n) indices into the batch
+                      lam: float, # the hardness factor lambda of eq. (4)
+                     ):
     "Generator input, labels and (a, p, n) indices of the synthetic triplets (eqs. 4-7, 12)."
     a, p, n = triplets
     z_hat = hardness_aware_augment(z[a], z[n], torch.linalg.norm(z[a] - z[p], dim=1), lam)
     t = torch.arange(len(a), device=z.device)
     return torch.cat([z[a], z[p], z_hat]), torch.cat([labels[a], labels[p], labels[n]]), (t, t + len(a), t + 2 * len(a))
 
-def npair_synthesis(z, labels, pairs, lam: float):
+def npair_synthesis(z, # (B, D) embeddings
+                    labels, # (B,) integer class labels
+                    pairs, # (a, p) indices: one anchor-positive pair per class
+                    lam: float, # the hardness factor lambda of eq. (4)
+                   ):
     "Generator input, labels and (a, p, n) indices of the synthetic N-pair tuples (eqs. 4-7, 13)."
     a, p = pairs
     N = len(a)
@@ -153,7 +170,9 @@ def npair_synthesis(z, labels, pairs, lam: float):
 
 # %% ../../nbs/21_methods.hdml.ipynb #6830c217
 def grouped_npair_loss(emb: torch.Tensor, # (M, D) embeddings
-                       a, p, n,           # triplet indices; all triplets of an anchor share its positive
+                       a, # (T,) anchor of each triplet
+                       p, # (T,) positive of each triplet (one per anchor)
+                       n, # (T,) negative of each triplet
                        l2_reg: float = 0., # embedding-norm penalty of NPairLoss
                       ) -> torch.Tensor:
     "Mean over anchors of log(1 + sum_n exp(s_an - s_ap)) (+ l2_reg (|z_a|^2 + |z_p|^2)): N-pair loss with per-anchor negatives."

@@ -12,8 +12,9 @@ import torch
 from torch import nn, Tensor
 from fastcore.basics import patch
 from ..distances import euclidean, check_batch
+from ..miners import distance_log_weights, semihard_band
 from ..metrics import evaluate
-from ..registry import METHODS, DATASETS
+from ..registry import METHODS, DATASETS, check_choice
 from ..data.core import LabelledSubset, build_split
 from .base import Method, TrainerView
 from ..distributed import broadcast_object
@@ -44,7 +45,7 @@ class BinnedDistribution(nn.Module):
         super().__init__()
         if not 0 <= lambda_min < lambda_max: raise ValueError(f"need 0 <= lambda_min < lambda_max, got {lambda_min}, {lambda_max}")
         if n_bins < 1: raise ValueError(f"n_bins must be at least 1, got {n_bins}")
-        if rule not in ("bin", "candidate"): raise ValueError(f"unknown sampling rule {rule!r}; choose from: bin, candidate")
+        check_choice("sampling rule", rule, ("bin", "candidate"))
         self.rule = rule
         self.register_buffer("edges", torch.linspace(lambda_min, lambda_max, n_bins + 1, dtype=torch.float64))
         self.register_buffer("probs", torch.full((n_bins,), 1 / n_bins, dtype=torch.float64))
@@ -53,7 +54,10 @@ class BinnedDistribution(nn.Module):
     @property
     def centers(self) -> Tensor: return (self.edges[1:] + self.edges[:-1]) / 2
 
-    def forward(self, d_an: Tensor, d_ap: Tensor|None = None) -> Tensor:
+    def forward(self,
+                d_an: Tensor, # anchor-negative distances, any shape
+                d_ap: Tensor|None = None, # unused
+               ) -> Tensor:
         "Unnormalised sampling weight $p_k$ of each anchor-negative distance; `d_ap` is unused (PADS ignores the positive)."
         k = bin_index(d_an, self.edges)
         return torch.where(k >= 0, self.probs.to(d_an)[k.clamp_min(0)], torch.zeros_like(d_an))
@@ -61,7 +65,9 @@ class BinnedDistribution(nn.Module):
 
 # %% ../../nbs/23_methods.pads.ipynb #794973d1
 @patch
-def set_probs(self: BinnedDistribution, probs):
+def set_probs(self: BinnedDistribution,
+              probs, # (n_bins,) non-negative weights
+             ):
     "Replace $p$ by `probs` normalised to sum 1; a clear error for the wrong length, negative or all-zero weights."
     probs = torch.as_tensor(probs, dtype=torch.float64).flatten()
     if len(probs) != len(self.probs): raise ValueError(f"probs must have {len(self.probs)} entries (one per bin), got {len(probs)}")
@@ -118,23 +124,25 @@ class DistanceWeighted(nn.Module):
         if dim < 4: raise ValueError(f"distance weighting needs an embedding dimension of at least 4, got {dim}")
         self.dim, self.cutoff, self.nonzero_loss_cutoff = dim, cutoff, nonzero_loss_cutoff
 
-    def forward(self, d_an: Tensor, d_ap: Tensor|None = None) -> Tensor:
-        d = d_an.double().clamp_min(self.cutoff)
-        log_w = -(self.dim - 2) * d.log() - (self.dim - 3) / 2 * (1 - d**2 / 4).clamp_min(1e-8).log()  # log q^{-1}(d)
-        keep = d_an < self.nonzero_loss_cutoff
-        log_w = log_w.masked_fill(~keep, -math.inf)
-        w = (log_w - log_w.max(-1, keepdim=True).values.clamp_min(-1e30)).exp()
-        return torch.where(keep, w, torch.zeros_like(w)).to(d_an.dtype)
+    def forward(self,
+                d_an: Tensor, # anchor-negative distances, any shape
+                d_ap: Tensor|None = None, # unused
+               ) -> Tensor:
+        log_w = distance_log_weights(d_an.double(), self.dim, self.cutoff, self.nonzero_loss_cutoff)  # log q^{-1}(d)
+        return (log_w - log_w.max(-1, keepdim=True).values.clamp_min(-1e30)).exp().to(d_an.dtype)
 
 # %% ../../nbs/23_methods.pads.ipynb #12953ef3
 class SemiHard(nn.Module):
-    "Semi-hard sampling: uniform over negatives with d_ap < d_an < d_ap + margin."
+    "Semi-hard sampling: uniform over the negatives of `semihard_band`, d_ap < d_an <= d_ap + margin."
     def __init__(self, margin: float = 0.2): # gamma, in the units of the (non-squared) distance
         super().__init__()
         if margin <= 0: raise ValueError(f"margin must be positive, got {margin}")
         self.margin = margin
-    def forward(self, d_an: Tensor, d_ap: Tensor) -> Tensor:
-        return ((d_an > d_ap) & (d_an < d_ap + self.margin)).to(d_an.dtype)
+    def forward(self,
+                d_an: Tensor, # anchor-negative distances
+                d_ap: Tensor, # the anchor-positive distance of each, broadcastable
+               ) -> Tensor:
+        return semihard_band(d_an, d_ap, self.margin).to(d_an.dtype)
 
 # %% ../../nbs/23_methods.pads.ipynb #53aed43b
 class DistributionSampler(nn.Module):
@@ -145,7 +153,10 @@ class DistributionSampler(nn.Module):
         super().__init__()
         self.distribution, self.self_regularization = distribution, self_regularization
         self.generator = torch.Generator().manual_seed(seed)
-    def forward(self, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self,
+                embeddings: Tensor, # (B, D) embeddings
+                labels: Tensor, # (B,) integer class labels
+               ) -> tuple[Tensor, Tensor, Tensor]:
         a, p, n = sample_triplets(embeddings.cpu(), labels.cpu(), self.distribution, self.self_regularization, self.generator)
         return a.to(labels.device), p.to(labels.device), n.to(labels.device)
 
@@ -160,11 +171,11 @@ def init_probs(kind: str, # one of INITS
                floor: float = 1e-3, # relative mass of the bins outside the emphasis
               ) -> Tensor: # (K,) probabilities summing to 1
     "Initial bin probabilities: `uniform_low` (the paper's emphasis on small distances), `normal`, `uniform`, or `distance` (eq. 2)."
+    check_choice("initial distribution", kind, INITS)
     if kind == "uniform_low": p = ((centers >= low[0]) & (centers <= low[1])).double().clamp_min(floor)
     elif kind == "normal": p = torch.exp(-0.5 * ((centers.double() - normal[0]) / normal[1]) ** 2).clamp_min(floor)
     elif kind == "uniform": p = torch.ones_like(centers, dtype=torch.float64)
     elif kind == "distance": p = DistanceWeighted(dim, cutoff=0.5, nonzero_loss_cutoff=math.inf)(centers[None].double())[0]
-    else: raise ValueError(f"unknown initial distribution {kind!r}; choose from: {', '.join(INITS)}")
     return p / p.sum()
 
 
@@ -192,7 +203,9 @@ def validation_split(labels, # (N,) class label of every training image
 
 
 # %% ../../nbs/23_methods.pads.ipynb #3e345a0d
-def class_distances(embeddings: Tensor, labels) -> tuple[float, float]:
+def class_distances(embeddings: Tensor, # (N, D) embeddings
+                    labels, # (N,) class labels
+                   ) -> tuple[float, float]:
     "Mean intra-class pairwise distance and mean distance between class centres."
     labels = torch.as_tensor(np.asarray(labels))
     classes, inv = labels.unique(return_inverse=True)
@@ -211,21 +224,31 @@ STATE_METRICS = ("NMI", "intra", "inter")   # beside Recall@k at every k of `rec
 class PADS(Method):
     "Policy-adapted negative sampling (Roth, Milbich, Ommer, CVPR 2020)."
     presets = {}  # filled below
-    def __init__(self, n_bins: int = 30, lambda_min: float = 0.1, lambda_max: float = 1.4, # K and the support (Sec. 4.1)
+    def __init__(self,
+                 n_bins: int = 30, # K, bins of the distance interval (Sec. 4.1)
+                 lambda_min: float = 0.1, # lower end of the binned distances
+                 lambda_max: float = 1.4, # upper end of the binned distances
                  init: str = "uniform_low", # initial p: one of INITS
                  update_every: int = 30, # M, DML iterations between policy steps
                  val_fraction: float = 0.15, # share of the training split held out for the reward
                  val_by_class: bool | None = None, # hold out whole classes (None: when classes are too small for per class)
-                 action_values=ACTION_VALUES, hidden=(128, 128), policy_lr: float = 0.01,
-                 algorithm: str = "ppo", baseline: str = "a2c", clip: float = 0.2, old_policy_every: int = 5,
-                 windows=(2, 8, 16, 32), history: int = 20, # the training state
+                 action_values=ACTION_VALUES, # factors an action multiplies a bin's probability by
+                 hidden=(128, 128), # widths of the policy's hidden layers
+                 policy_lr: float = 0.01, # learning rate of the policy
+                 algorithm: str = "ppo", # policy update: "ppo" or "reinforce"
+                 baseline: str = "a2c", # advantage baseline: "a2c" (a critic) or "ema" (a moving average)
+                 clip: float = 0.2, # PPO's clipping range epsilon
+                 old_policy_every: int = 5, # policy steps between refreshes of PPO's old policy
+                 windows=(2, 8, 16, 32), # lengths of the running averages in the state
+                 history: int = 20, # recent metric vectors kept in the training state
                  recall_ks: tuple = (1, 2, 4, 8), # Recall@k of the state (SOP: 1, 10, 100, 1000)
                  self_regularization: bool = True, # merge positives into the negative candidates (end of Sec. 4.2)
                  sampling_rule: str = "bin", # "bin": the paper's p(I_n|I_a) = p_k; "candidate": the official weighting
                  adapt: bool = True, # False: train with the fixed initial distribution
-                 seed: int = 0): # seed of the sampler, the policy's actions and the validation split
+                 seed: int = 0, # seed of the sampler, the policy's actions and the validation split
+                ):
         super().__init__()
-        if init not in INITS: raise ValueError(f"unknown initial distribution {init!r}; choose from: {', '.join(INITS)}")
+        check_choice("initial distribution", init, INITS)
         if update_every < 1: raise ValueError(f"update_every must be at least 1, got {update_every}")
         if 1 not in recall_ks: raise ValueError(f"recall_ks must contain 1 (the reward uses Recall@1), got {recall_ks}")
         self.distribution = BinnedDistribution(None, lambda_min, lambda_max, n_bins, sampling_rule)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
 from fastcore.basics import patch
+from ..registry import check_choice
 
 # %% auto #0
 __all__ = ['ACTION_VALUES', 'ALGORITHMS', 'BASELINES', 'apply_actions', 'TrainingState', 'PolicyNet', 'log_prob',
@@ -40,9 +41,14 @@ class TrainingState(nn.Module):
         self.n_metrics, self.windows, self.history = n_metrics, tuple(windows), history
         self.metrics = torch.zeros(0, n_metrics)
 
-    def dim(self, n_bins: int) -> int: return self.n_metrics * (self.history + len(self.windows)) + n_bins + 1
+    def dim(self,
+            n_bins: int, # K, bins of the distribution
+           ) -> int:
+        return self.n_metrics * (self.history + len(self.windows)) + n_bins + 1
 
-    def push(self, m: Tensor):
+    def push(self,
+             m: Tensor, # the metric vector of this step
+            ):
         "Record the metric vector $m_t$ of one policy step."
         m = torch.as_tensor(m, dtype=torch.float32).flatten()
         if len(m) != self.n_metrics: raise ValueError(f"expected {self.n_metrics} metrics, got {len(m)}")
@@ -50,7 +56,10 @@ class TrainingState(nn.Module):
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #9bafeb1e
 @patch
-def forward(self: TrainingState, probs: Tensor, progress: float) -> Tensor:
+def forward(self: TrainingState,
+            probs: Tensor, # (K,) current bin probabilities
+            progress: float, # fraction of training done, in [0, 1]
+           ) -> Tensor:
     "The state vector: last `history` metric vectors (oldest first), running averages, $p$, progress."
     if not len(self.metrics): raise ValueError("push at least one metric vector before building a state")
     hist = self.metrics[-self.history:]
@@ -60,7 +69,10 @@ def forward(self: TrainingState, probs: Tensor, progress: float) -> Tensor:
 @patch
 def get_extra_state(self: TrainingState) -> dict: return {"metrics": self.metrics.clone()}
 @patch
-def set_extra_state(self: TrainingState, state: dict): self.metrics = state["metrics"].clone()
+def set_extra_state(self: TrainingState,
+                    state: dict, # what `get_extra_state` returned
+                   ):
+    self.metrics = state["metrics"].clone()
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #9dfbd431
 class PolicyNet(nn.Module):
@@ -75,22 +87,30 @@ class PolicyNet(nn.Module):
         self.body, self.n_bins, self.n_actions = nn.Sequential(*layers), n_bins, n_actions
         self.actor, self.critic = nn.Linear(d, n_bins * n_actions), nn.Linear(d, 1)
 
-    def forward(self, s: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self,
+                s: Tensor, # (..., state_dim) states
+               ) -> tuple[Tensor, Tensor]:
         "Action logits (..., K, 3) and value (...,)."
         h = self.body(s)
         return self.actor(h).view(*s.shape[:-1], self.n_bins, self.n_actions), self.critic(h).squeeze(-1)
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #cc8d51d1
-def log_prob(logits: Tensor, actions: Tensor) -> Tensor:
+def log_prob(logits: Tensor, # (..., K, 3) action logits
+             actions: Tensor, # (..., K) action indices taken
+            ) -> Tensor:
     "$\\log \\pi(a_k \\mid s)$ of the taken action, per bin."
     return F.log_softmax(logits, -1).gather(-1, actions[..., None]).squeeze(-1)
 
-def sample_actions(logits: Tensor, generator: torch.Generator|None = None) -> Tensor:
+def sample_actions(logits: Tensor, # (..., K, 3) action logits
+                   generator: torch.Generator|None = None, # source of the draw; None: torch's global one
+                  ) -> Tensor:
     "One action index per bin, $a_k \\sim \\pi(\\cdot \\mid s)$."
     return torch.multinomial(F.softmax(logits.detach().reshape(-1, logits.shape[-1]), -1), 1, generator=generator).view(logits.shape[:-1])
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #ea59f502
-def reward(e_now: float, e_before: float) -> float:
+def reward(e_now: float, # validation metric after this episode
+           e_before: float, # validation metric before it
+          ) -> float:
     "$r = \\operatorname{sign}(e_t - e_{t-1})$."
     return float((e_now > e_before) - (e_now < e_before))
 
@@ -103,7 +123,9 @@ def ppo_objective(logp: Tensor, # (K,) log pi_theta of the taken actions
     ratio = (logp - logp_old.detach()).exp()
     return torch.minimum(ratio * advantage, ratio.clamp(1 - clip, 1 + clip) * advantage).mean()
 
-def reinforce_objective(logp: Tensor, advantage: Tensor|float) -> Tensor:
+def reinforce_objective(logp: Tensor, # log-probabilities of the taken actions
+                        advantage: Tensor|float, # A of the transition
+                       ) -> Tensor:
     "REINFORCE's surrogate $\\mathrm{mean}\\, A \\log \\pi_\\theta(a \\mid s)$, to maximise."
     return (advantage * logp).mean()
 
@@ -112,7 +134,11 @@ ALGORITHMS, BASELINES = ("ppo", "reinforce"), ("a2c", "ema")
 
 class PolicyLearner(nn.Module):
     "The PADS agent: a `PolicyNet`, its optimiser, and the PPO or REINFORCE update with an A2C or moving-average baseline."
-    def __init__(self, state_dim: int, n_bins: int = 30, action_values=ACTION_VALUES, hidden=(128, 128),
+    def __init__(self,
+                 state_dim: int, # size of the state vector
+                 n_bins: int = 30, # K, bins of the distribution
+                 action_values=ACTION_VALUES, # factors an action multiplies a bin's probability by
+                 hidden=(128, 128), # widths of the hidden layers
                  lr: float = 0.01, # Adam learning rate of the policy
                  algorithm: str = "ppo", # "ppo" or "reinforce"
                  baseline: str = "a2c", # "a2c" (critic) or "ema" (moving average of rewards)
@@ -120,10 +146,10 @@ class PolicyLearner(nn.Module):
                  old_policy_every: int = 5, # PPO: refresh pi_old every this many updates
                  gamma: float = 0.99, # A2C discount of the bootstrapped value
                  ema_rate: float = 0.05, # moving-average baseline rate
-                 value_coef: float = 0.5): # weight of the critic's squared error
+                 value_coef: float = 0.5, # weight of the critic's squared error
+                ):
         super().__init__()
-        if algorithm not in ALGORITHMS: raise ValueError(f"unknown algorithm {algorithm!r}; choose from: {', '.join(ALGORITHMS)}")
-        if baseline not in BASELINES: raise ValueError(f"unknown baseline {baseline!r}; choose from: {', '.join(BASELINES)}")
+        check_choice("algorithm", algorithm, ALGORITHMS); check_choice("baseline", baseline, BASELINES)
         self.action_values, self.algorithm, self.baseline = tuple(action_values), algorithm, baseline
         self.clip, self.old_policy_every, self.gamma, self.ema_rate, self.value_coef = clip, old_policy_every, gamma, ema_rate, value_coef
         self.policy = PolicyNet(state_dim, n_bins, len(self.action_values), hidden)
@@ -131,13 +157,20 @@ class PolicyLearner(nn.Module):
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=lr)
         self.n_updates, self.reward_ema = 0, 0.0
 
-    def act(self, state: Tensor, generator: torch.Generator|None = None) -> Tensor:
+    def act(self,
+            state: Tensor, # (state_dim,) state s_t
+            generator: torch.Generator|None = None, # source of the draw; None: torch's global one
+           ) -> Tensor:
         "Draw one action index per bin from $\\pi_\\theta(\\cdot \\mid s)$."
         with torch.no_grad(): return sample_actions(self.policy(state)[0], generator)
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #b4e4eadb
 @patch
-def advantage(self: PolicyLearner, r: float, value: Tensor, state_next: Tensor) -> tuple[Tensor, Tensor]:
+def advantage(self: PolicyLearner,
+              r: float, # the reward
+              value: Tensor, # the critic's V(s_t)
+              state_next: Tensor, # the state s_{t+1}
+             ) -> tuple[Tensor, Tensor]:
     "The advantage $A$ and the critic loss (0 for the moving-average baseline)."
     if self.baseline == "a2c":
         with torch.no_grad(): target = r + self.gamma * self.policy(state_next)[1]
@@ -148,7 +181,12 @@ def advantage(self: PolicyLearner, r: float, value: Tensor, state_next: Tensor) 
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #ad05b745
 @patch
-def update(self: PolicyLearner, state: Tensor, actions: Tensor, r: float, state_next: Tensor) -> dict[str, float]:
+def update(self: PolicyLearner,
+           state: Tensor, # the state s_t
+           actions: Tensor, # (K,) the actions a_t taken
+           r: float, # the reward
+           state_next: Tensor, # the state s_{t+1}
+          ) -> dict[str, float]:
     "One policy-gradient step on the transition $(s_t, a_t, r, s_{t+1})$."
     logits, value = self.policy(state)
     lp = log_prob(logits, actions)
@@ -168,6 +206,8 @@ def update(self: PolicyLearner, state: Tensor, actions: Tensor, r: float, state_
 def get_extra_state(self: PolicyLearner) -> dict:
     return {"optimizer": copy.deepcopy(self.optimizer.state_dict()), "n_updates": self.n_updates, "reward_ema": self.reward_ema}
 @patch
-def set_extra_state(self: PolicyLearner, state: dict):
+def set_extra_state(self: PolicyLearner,
+                    state: dict, # what `get_extra_state` returned
+                   ):
     self.optimizer.load_state_dict(state["optimizer"])
     self.n_updates, self.reward_ema = state["n_updates"], state["reward_ema"]
