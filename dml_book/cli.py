@@ -27,6 +27,7 @@ __all__ = ['CLI_DEFAULTS', 'LISTS', 'USER_ERRORS', 'choices', 'parser', 'results
 def _parse_type(annotation: str):
     "A converter for a `TrainConfig` field's annotation string."
     if annotation.startswith("dict"): return json.loads
+    if annotation == "int | str": return lambda s: int(s) if s.lstrip("-").isdigit() else s   # a number or a word (auto)
     for name, conv in (("bool", None), ("int", int), ("float", float), ("tuple", int)):
         if annotation.startswith(name): return conv
     return str

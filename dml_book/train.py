@@ -24,7 +24,8 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
 
 # %% auto #0
 __all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler', 'Trainer',
-           'to_json', 'lock_out', 'TrainingDiverged', 'environment', 'select_epoch', 'train']
+           'resolve_workers', 'channels_last_collate', 'to_json', 'lock_out', 'TrainingDiverged', 'environment',
+           'select_epoch', 'train']
 
 # %% ../nbs/08_train.ipynb #e4dc60f9
 @dataclass
@@ -68,7 +69,13 @@ class TrainConfig:
     seed: int = 0                    # seeds data order, initialisation and every random draw
     out: str = "runs/demo"           # output folder: metrics.json, log.jsonl, checkpoint.pt, figures
     device: str = "auto"             # auto, cpu, cuda, cuda:1 ...
-    num_workers: int = 0             # DataLoader worker processes
+    num_workers: int | str = "auto"  # DataLoader worker processes; auto: none on the CPU or for in-memory data, else from the CPU count (1 to 8)
+    pin_memory: bool = True          # page-locked batches for faster copies to a CUDA device (no effect on the CPU)
+    persistent_workers: bool = False # keep workers alive between epochs (saves their start-up; random augmentation then no longer resumes exactly)
+    prefetch_factor: int = 2         # batches each worker prepares ahead (with workers only)
+    decoder: str = "pil"             # image files: pil (PIL decoding and transforms) or torchvision (torchvision.io decoding, tensor transforms)
+    channels_last: bool = False      # model and image batches in channels-last memory order (faster convolutions on GPUs with tensor cores)
+    compile: bool = False            # torch.compile the backbone (slow first steps, faster later ones)
     progress: bool = False           # show progress bars
     umap: bool = False               # save a UMAP figure of the final test embedding
 
@@ -170,6 +177,8 @@ def _build_model(self: Trainer):
     self.model = build_model(cfg.backbone, cfg.embedding_dim, cfg.pretrained, cfg.weights_path, cfg.normalize,
                              in_channels=self.train_ds[0][0].shape[0], head=cfg.head,
                              last_stride=cfg.last_stride, freeze_bn=cfg.freeze_bn)
+    if cfg.channels_last: self.model.to(memory_format=torch.channels_last)   # weights stay channels-last through .to(device)
+    if cfg.compile: self.model.backbone.compile()   # in place: parameter names and checkpoints unchanged
     if self.method.own_loss: return self._use_method_loss()
     loss_cls, kw = LOSSES.get(cfg.loss), dict(cfg.loss_kwargs)
     if getattr(loss_cls, "uses_proxies", False):
@@ -226,7 +235,35 @@ def _build_sampler(self: Trainer):
         n = len(np.unique(self.train_ds.labels))
         raise ConfigError(f"batch configuration cannot be filled: {e}; set --batch-size and --m-per-class "
                           f"(batch_size / m_per_class classes per batch, at most {n})") from e
-    self.loader = torch.utils.data.DataLoader(self.train_ds, batch_sampler=self.sampler, num_workers=cfg.num_workers)
+    self.loader = torch.utils.data.DataLoader(self.train_ds, batch_sampler=self.sampler, **self.loader_options(train=True))
+
+# %% ../nbs/08_train.ipynb #b27e4d51
+def resolve_workers(num_workers: int | str, # a number, or "auto"
+                    device: torch.device, # the run's device
+                    in_memory: bool, # the data are tensors in memory (nothing to decode)
+                    processes: int = 1) -> int: # training processes on this machine (torchrun's local world size)
+    "DataLoader workers: `num_workers` itself, or for `auto` none on the CPU or for in-memory data, else from the CPU count."
+    if num_workers != "auto": return num_workers
+    if device.type != "cuda" or in_memory: return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cpus // processes - 1))
+
+def channels_last_collate(batch):
+    "`default_collate`, with a batch of images (N, C, H, W) in channels-last memory order."
+    x, *rest = torch.utils.data.default_collate(batch)
+    return [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x, *rest]
+
+# %% ../nbs/08_train.ipynb #c3f08a62
+@patch
+def loader_options(self: Trainer, train: bool = True) -> dict:
+    "The DataLoader arguments of this run (workers, pinned memory, prefetching, channels-last batches)."
+    cfg = self.cfg
+    in_memory = DATASETS.get(cfg.dataset).default_transform(False) is None
+    n = resolve_workers(cfg.num_workers, self.device, in_memory, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    kw = dict(num_workers=n, pin_memory=cfg.pin_memory and self.device.type == "cuda")
+    if cfg.channels_last: kw["collate_fn"] = channels_last_collate
+    if n > 0: kw.update(prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers and train)
+    return kw
 
 # %% ../nbs/08_train.ipynb #c70de671
 @patch
@@ -249,7 +286,7 @@ def embed_dataset(self: Trainer, ds, batch_size: int = 256) -> tuple[torch.Tenso
     was_training = self.model.training; self.model.eval(); self.method.eval()
     if self.dist.enabled: broadcast_state(self.model)   # every share embedded with rank 0's batch-norm statistics
     part = torch.utils.data.Subset(ds, shard(len(ds), self.dist.rank, self.dist.world_size)) if self.dist.enabled else ds
-    loader = torch.utils.data.DataLoader(part, batch_size=batch_size, shuffle=False, num_workers=self.cfg.num_workers)
+    loader = torch.utils.data.DataLoader(part, batch_size=batch_size, shuffle=False, **self.loader_options(train=False))
     embs = [self.method.embed(self, x.to(self.device)).float() for x, _ in loader]
     emb = torch.cat(embs) if embs else torch.zeros(0, self.model.embedding_dim, device=self.device)
     self.model.train(was_training); self.method.train(was_training)
@@ -319,7 +356,8 @@ def save_checkpoint(self: Trainer):
     write_checkpoint(state, self.out/"checkpoint.pt")
 
 # %% ../nbs/08_train.ipynb #56be333c
-_RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval_every")  # may differ on resume
+_RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval_every",   # may differ on resume
+             "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile")
 
 @patch
 def load_checkpoint(self: Trainer, path):

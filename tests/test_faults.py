@@ -111,6 +111,12 @@ BAD_SETTINGS = {  # field: (command-line flags, a fragment of the one-line error
     "out": (["--out", "/proc/no/such"], "not writable"),
     "device": (["--device", "cuda:9"], "device='cuda:9'"),
     "num_workers": (["--num-workers", "-1"], "num_workers=-1 is invalid"),
+    "pin_memory": (["--config", "{tmp}/pin.yaml"], "pin_memory='yes' is invalid"),
+    "persistent_workers": (["--config", "{tmp}/pw.yaml"], "persistent_workers=2 is invalid"),
+    "prefetch_factor": (["--prefetch-factor", "0"], "prefetch_factor=0 is invalid"),
+    "decoder": (["--decoder", "cv2"], "decoder='cv2' is invalid"),
+    "channels_last": (["--config", "{tmp}/cl.yaml"], "channels_last='on' is invalid"),
+    "compile": (["--config", "{tmp}/co.yaml"], "compile='max-autotune' is invalid"),
     "progress": (["--config", "{tmp}/p.yaml"], "progress=3 is invalid"),
     "umap": (["--config", "{tmp}/u.yaml"], "umap='no' is invalid"),
 }
@@ -127,6 +133,8 @@ def test_a_bad_setting_is_one_line_and_exit_2(name, tmp_path, capsys):
     from dml_book.cli import main
     (tmp_path/"c.yaml").write_text("normalize: 'yes'\n"); (tmp_path/"p.yaml").write_text("progress: 3\n")
     (tmp_path/"u.yaml").write_text("umap: 'no'\n"); (tmp_path/"f.yaml").write_text("freeze_bn: 'yes'\n")
+    for f, text in (("pin", "pin_memory: 'yes'"), ("pw", "persistent_workers: 2"), ("cl", "channels_last: 'on'"),
+                    ("co", "compile: 'max-autotune'")): (tmp_path/f"{f}.yaml").write_text(text + "\n")
     flags, fragment = BAD_SETTINGS[name]
     out = [] if "--out" in flags else ["--out", str(tmp_path/"run")]
     quiet = [f for f in ("--no-umap", "--no-progress") if f[5:] != name]   # a flag would override the file's bad value

@@ -19,8 +19,8 @@ from .transforms import get_transform
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DatasetNotFoundError', 'ImageReadError', 'load_image', 'find_root', 'check_files', 'ImageFileDataset',
-           'LabelledSubset', 'build_split', 'preprocessing_spec']
+__all__ = ['DECODERS', 'DatasetNotFoundError', 'ImageReadError', 'load_image', 'load_tensor', 'find_root', 'check_files',
+           'ImageFileDataset', 'LabelledSubset', 'build_split', 'preprocessing_spec']
 
 # %% ../../nbs/01d_data.core.ipynb #87877b07
 class DatasetNotFoundError(FileNotFoundError):
@@ -38,6 +38,28 @@ def load_image(path, # an image file
             return im.convert("RGB")
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ImageReadError(f"cannot read image {path}: {e}") from e
+
+# %% ../../nbs/01d_data.core.ipynb #b4d0f8a2
+def _torchvision_decode(path) -> torch.Tensor | None:
+    "uint8 RGB (3, H, W) pixels by `torchvision.io`, or None where it cannot read the file as PIL would."
+    import warnings
+    from torchvision.io import decode_image, read_file, ImageReadMode
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)   # torchvision 0.29: the decoders move to TorchCodec
+        try: t = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
+        except RuntimeError: return None        # BMP, TIFF, corrupt data ...: PIL decides
+    return t if t.dtype == torch.uint8 and t.dim() == 3 else None   # 16-bit PNG, animated GIF: PIL's reading
+
+def load_tensor(path) -> torch.Tensor:
+    "The image at `path` as uint8 RGB (3, H, W), decoded by `torchvision.io` where it can; `ImageReadError` naming `path` otherwise."
+    if not Path(path).is_file(): return _pil_to_tensor(load_image(path))   # the ImageReadError of a missing file
+    t = _torchvision_decode(path)
+    return t if t is not None else _pil_to_tensor(load_image(path))
+
+def _pil_to_tensor(im: Image.Image) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(im)).permute(2, 0, 1).contiguous()
+
+DECODERS = {"pil": load_image, "torchvision": load_tensor}   # TrainConfig.decoder: how image files are read
 
 # %% ../../nbs/01d_data.core.ipynb #b909dcf4
 def find_root(root, # the folder given by the user
@@ -144,9 +166,11 @@ def locate(self: ImageFileDataset,
         raise DatasetNotFoundError(f"{name}: {e}\n{hint}") from None
 
 # %% ../../nbs/01d_data.core.ipynb #aa875f1f
+ImageFileDataset.decoder = "pil"   # a key of DECODERS; "torchvision" needs a tensor transform (`get_transform(..., tensor=True)`)
+
 @patch
 def __getitem__(self: ImageFileDataset, i: int):
-    img = load_image(self.paths[i])
+    img = DECODERS[self.decoder](self.paths[i])
     return (self.transform(img) if self.transform is not None else img), int(self.labels[i])
 
 @patch
@@ -185,20 +209,23 @@ class LabelledSubset(torch.utils.data.Dataset):
         return x, self._map[int(y)]
 
 # %% ../../nbs/01d_data.core.ipynb #a2c61259
-def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, transform
+def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, transform, decoder
                 split: str, # the dataset's split, e.g. "train", "test", "query"
                 train: bool): # True: the training transform (augmentation); False: the evaluation transform
-    "The split `split` of `cfg.dataset`, built with its `dataset_kwargs` and the training or evaluation transform."
+    "The split `split` of `cfg.dataset`, built with its `dataset_kwargs`, the training or evaluation transform and the decoder."
     cls = DATASETS.get(cfg.dataset)
     accepted = [p for p in inspect.signature(cls).parameters if p not in ("root", "split", "transform")]
     if set(cfg.dataset_kwargs) - set(accepted):
         raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
                           f"it accepts: {', '.join(accepted) or 'none'}")
-    transform = cls.default_transform(train)
-    if cfg.transform is not None:
-        if transform is None: raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
-        transform = get_transform(cfg.transform, train)
-    return cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
+    transform, tensor = cls.default_transform(train), getattr(cfg, "decoder", "pil") == "torchvision"
+    if cfg.transform is not None and transform is None:
+        raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
+    if transform is not None and (cfg.transform is not None or tensor):   # a named pipeline, or the tensor version of the dataset's
+        transform = get_transform(cfg.transform or cls.transform_preset, train, tensor=tensor)
+    ds = cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
+    if transform is not None and tensor: ds.decoder = "torchvision"   # built-in data: nothing to decode
+    return ds
 
 # %% ../../nbs/01d_data.core.ipynb #b4c8ee29
 def _spec_from_pipeline(tf) -> dict:

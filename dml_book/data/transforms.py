@@ -15,33 +15,46 @@ __all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'TRANSFORM_PRESETS', 'retrieval_tran
 # %% ../../nbs/01c_data.transforms.ipynb #3db08d9e
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
+def _steps(tensor: bool):
+    "torchvision's transforms for PIL images (`tensor=False`), or their v2 versions for uint8 tensors, and the step to float."
+    if not tensor:
+        from torchvision import transforms as T     # imported on use: torchvision takes seconds to import
+        return T, T.ToTensor()
+    import torch
+    from torchvision.transforms import v2 as T
+    return T, T.ToDtype(torch.float32, scale=True)
+
 def retrieval_transform(train: bool, # training (random) or testing (deterministic) pipeline
                         crop: int = 224, # side of the square the network sees
                         resize: int = 256, # images are first resized to resize x resize
-                        random_resized: bool = False) -> Callable: # train on random resized crops (DCML) instead of plain crops
+                        random_resized: bool = False, # train on random resized crops (DCML) instead of plain crops
+                        tensor: bool = False) -> Callable: # take uint8 (C, H, W) tensors instead of PIL images
     "Resize to `resize` x `resize`; random crop `crop` and flip when training, centre crop otherwise; ImageNet-normalise."
-    from torchvision import transforms as T     # imported on use: torchvision takes seconds to import
+    T, to_float = _steps(tensor)
     crop_t = T.RandomResizedCrop(crop) if random_resized else T.RandomCrop(crop)
     aug = [crop_t, T.RandomHorizontalFlip()] if train else [T.CenterCrop(crop)]
-    return T.Compose([T.Resize((resize, resize)), *aug, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    return T.Compose([T.Resize((resize, resize)), *aug, to_float, T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
-def reid_transform(train: bool, size: tuple[int, int] = (256, 128), erase_p: float = 0.5) -> Callable:
+def reid_transform(train: bool, size: tuple[int, int] = (256, 128), erase_p: float = 0.5, tensor: bool = False) -> Callable:
     "Resize to `size` (h, w); flip and random erasing (probability `erase_p`) when training; ImageNet-normalise."
-    from torchvision import transforms as T
+    T, to_float = _steps(tensor)
     pre = [T.Resize(size)] + ([T.RandomHorizontalFlip()] if train else [])
     post = [T.RandomErasing(p=erase_p, value=0)] if train and erase_p > 0 else []
-    return T.Compose([*pre, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD), *post])
+    return T.Compose([*pre, to_float, T.Normalize(IMAGENET_MEAN, IMAGENET_STD), *post])
 
 # %% ../../nbs/01c_data.transforms.ipynb #400fca6c
-TRANSFORM_PRESETS: dict[str, Callable[[bool], Callable]] = {
-    "retrieval224": lambda train: retrieval_transform(train, 224),   # torchvision backbones
-    "retrieval227": lambda train: retrieval_transform(train, 227),   # Caffe GoogLeNet (HDML)
-    "randomresized224": lambda train: retrieval_transform(train, 224, random_resized=True),  # DCML (Sec. 4.2)
-    "reid256x128": lambda train: reid_transform(train),              # person re-identification
-    "vehicle224": lambda train: reid_transform(train, (224, 224), erase_p=0),  # vehicles (DMML Sec. 4.2: 224 x 224, flips only)
+TRANSFORM_PRESETS: dict[str, Callable[..., Callable]] = {   # name: f(train, tensor=False)
+    "retrieval224": lambda train, tensor=False: retrieval_transform(train, 224, tensor=tensor),   # torchvision backbones
+    "retrieval227": lambda train, tensor=False: retrieval_transform(train, 227, tensor=tensor),   # Caffe GoogLeNet (HDML)
+    "randomresized224": lambda train, tensor=False: retrieval_transform(train, 224, random_resized=True, tensor=tensor),  # DCML (Sec. 4.2)
+    "reid256x128": lambda train, tensor=False: reid_transform(train, tensor=tensor),              # person re-identification
+    "vehicle224": lambda train, tensor=False: reid_transform(train, (224, 224), erase_p=0, tensor=tensor),  # vehicles (DMML Sec. 4.2: 224 x 224, flips only)
 }
 
-def get_transform(name: str, train: bool) -> Callable:
-    "The preset `name` for training (`train=True`) or testing."
+def get_transform(name: str, # a preset of `TRANSFORM_PRESETS`
+                  train: bool, # the training (augmenting) or the evaluation transform
+                  tensor: bool = False, # for uint8 tensors (`torchvision.io` decoding) instead of PIL images
+                 ) -> Callable:
+    "The preset `name` for training (`train=True`) or testing; for uint8 tensors (`torchvision.io`) when `tensor`."
     check_choice("transform preset", name, sorted(TRANSFORM_PRESETS))
-    return TRANSFORM_PRESETS[name](train)
+    return TRANSFORM_PRESETS[name](train, tensor=tensor)
