@@ -190,3 +190,14 @@ def test_extract_rejects_corrupt(tmp_path):
     with tarfile.open(tmp_path/"evil.tar", "w") as t: t.add(tmp_path/"cut.tgz", arcname="../escape.tgz")
     with pytest.raises(DownloadError, match="unsafe member"): extract_archive(tmp_path/"evil.tar", tmp_path/"out2")
     assert not (tmp_path/"escape.tgz").exists()
+
+
+def test_sop_reports_its_papers_recall_ks_on_the_command_line():
+    "SOP's own default ks (1, 10, 100, 1000) apply where neither the user nor a preset set ks."
+    from dml_book.cli import dataset_defaults
+    from dml_book.train import TrainConfig
+    cfg = TrainConfig(dataset="sop")
+    assert dataset_defaults(cfg, {}, {}).ks == (1, 10, 100, 1000)
+    assert dataset_defaults(cfg, {"ks": (1, 2)}, {}).ks == cfg.ks           # the user's flag wins
+    assert dataset_defaults(cfg, {}, {"ks": (1, 5)}).ks == cfg.ks           # so does a preset's
+    assert dataset_defaults(TrainConfig(dataset="cub200"), {}, {}).ks == TrainConfig().ks

@@ -99,6 +99,7 @@ class SOP(ImageFileDataset):
     layout = "Stanford_Online_Products/{Ebay_train.txt, Ebay_test.txt, bicycle_final/<id>_<n>.JPG, ..., toaster_final/}"
     archives = (Archive("http://ftp.cs.stanford.edu/cs/cvgl/Stanford_Online_Products.zip",
                         "Stanford_Online_Products.zip", md5="7f73d41a2f44250d4779881525aea32e"),)
+    batch_defaults = dict(ks=(1, 10, 100, 1000))   # the command line's Recall@k for SOP, as its papers report it
 
     def read_index(self,
                    folder, # the dataset folder
