@@ -13,8 +13,8 @@ import numpy as np, pandas as pd
 from .results import runs_frame, reported, load_histories, run_grid
 
 # %% auto #0
-__all__ = ['STUDY_SETTINGS', 'STUDY_SEEDS', 'STUDY_LIMITS', 'study_config', 'drop_checkpoints', 'run_study', 'study_frame',
-           'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'study_report']
+__all__ = ['STUDY_SETTINGS', 'STUDY_SEEDS', 'STUDY_LIMITS', 'study_config', 'drop_checkpoints', 'run_study', 'study_variants',
+           'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'study_report']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={"strength": 0.5}, backbone="smallcnn", embedding_dim=64, epochs=20,
@@ -39,12 +39,38 @@ def drop_checkpoints(root, # the study's output folder
 def run_study(variants: dict, # variant name -> `TrainConfig` (the study's settings applied by the caller)
               seeds=STUDY_SEEDS, # one run per seed, paired across variants
               out_dir="results/baseline"): # `<variant>/seed<k>/metrics.json` go here
-    "Train every variant with every seed into `out_dir` from scratch, then drop the checkpoints; the study frame."
-    import shutil
+    "Train every variant with every seed into `out_dir` from scratch, drop the checkpoints, record the CPU time; the study frame."
+    import json, resource, shutil, time
     for name in variants: shutil.rmtree(Path(out_dir)/name, ignore_errors=True)
+    cpu = lambda: sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+                      for f in ("ru_utime", "ru_stime"))
+    c0, t0 = cpu(), time.time()
     run_grid(variants, seeds, out_dir)
     drop_checkpoints(out_dir)
+    (Path(out_dir)/"study_time.json").write_text(json.dumps(dict(cpu_seconds=round(cpu() - c0, 1),
+                                                                   wall_seconds=round(time.time() - t0, 1), seeds=list(seeds))))
     return study_frame(out_dir)
+
+# %% ../nbs/11a_study.ipynb #51e536bf
+def study_variants(method: str, # a method with a study: ala, hdml, dcml, pads or dmml
+                  ) -> dict:
+    "The study's variants of `method` (name -> `TrainConfig` with `STUDY_SETTINGS`): the baseline first."
+    from dml_book.train import TrainConfig
+    from dml_book.registry import check_choice
+    T = lambda **kw: study_config(TrainConfig(**{"loss_kwargs": {}, "method_kwargs": {}, **kw}))
+    studies = {
+        "hdml": lambda: {"baseline": T(method="hdml", loss="triplet", method_kwargs={"synthesize": False}),
+                         "hdml": T(method="hdml", loss="triplet")},
+        "pads": lambda: {"baseline": T(method="pads", loss="margin", method_kwargs={"adapt": False}),
+                         "pads": T(method="pads", loss="margin")},
+        "ala": lambda: {"baseline": T(method="ala", loss="triplet", method_kwargs={"assess": False}),
+                        "ala": T(method="ala", loss="triplet")},
+        "dcml": lambda: {"baseline": T(method="baseline", loss="triplet"), "dcml": T(method="dcml", loss="triplet")},
+        "dmml": lambda: {"baseline": T(method="baseline", loss="triplet"),
+                         "dmml": T(method="dmml", loss="triplet", method_kwargs={"n_classes": 16, "n_support": 3})},
+    }
+    check_choice("study", method, sorted(studies))
+    return studies[method]()
 
 # %% ../nbs/11a_study.ipynb #37c897e5
 def study_frame(root, # the study's output folder

@@ -1,5 +1,6 @@
 "Study statistics on synthetic metrics.json files: paired difference and t-interval against scipy, verdict, checkpoints."
 import json, math
+from pathlib import Path
 import numpy as np
 import pytest
 from scipy import stats
@@ -97,3 +98,21 @@ def test_stored_studies_parse_and_hold_no_checkpoints():
         rec = json.loads(c.read_text())
         assert rec["command"].startswith("dml-book train --dataset glyphs_xl") and rec["cpu_seconds"] > 0
         assert 0 <= rec["test_R1"] <= 1 and rec["selected_epoch"] in [r["epoch"] for r in rec["curve"]], c
+
+
+STORED = sorted(p.name for p in (Path(__file__).parents[1]/"results").iterdir()
+                if p.is_dir() and p.name in ("ala", "hdml", "dcml", "pads", "dmml"))
+
+
+@pytest.mark.parametrize("method", STORED)
+def test_a_stored_method_study_parses_and_pairs_its_seeds(method):
+    "results/<method>/: baseline and method over >= 3 paired seeds, the CPU time recorded, the verdict from the files."
+    from dml_book.study import study_report, study_variants, paired_difference
+    rep = study_report(method, root=Path(__file__).parents[1]/"results")
+    assert set(rep["table"].variant) == set(study_variants(method)) and (rep["table"].seeds >= 3).all()
+    assert rep["cpu_seconds"] > 0
+    p = paired_difference(rep["frame"], method)
+    assert f"{100*p['mean']:+.1f}" in rep["verdicts"][0]
+    for run in (Path(__file__).parents[1]/"results"/method).rglob("metrics.json"):   # configs are the study's own
+        cfg = json.loads(run.read_text())["config"]
+        assert cfg["dataset"] == "glyphs_xl" and cfg["epochs"] == 20 and not list(run.parent.glob("*.pt"))
