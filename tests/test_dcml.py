@@ -176,7 +176,7 @@ def test_learner_distances_are_rotation_invariant():
 def test_two_epoch_run_improves_recall_at_1(tmp_path, one_thread):
     import numpy as np
     from dml_book.train import LabelledSubset, Trainer, preset_config
-    cfg = preset_config("dcml", "builtin", epochs=2, batch_size=32, max_steps_per_epoch=15, out=str(tmp_path))
+    cfg = preset_config("dcml", "glyphs", epochs=2, batch_size=32, max_steps_per_epoch=15, out=str(tmp_path))
     tr = Trainer(cfg)
     assert isinstance(tr.model.head, Learners) and tr.model.embedding_dim == 64 and cfg.loss == "margin"
     keep = np.where(tr.test_ds.labels < 30)[0]            # 30 of the 105 test classes: a quicker evaluation
@@ -193,10 +193,10 @@ def test_two_epoch_run_improves_recall_at_1(tmp_path, one_thread):
 def test_resumed_run_equals_uninterrupted(tmp_path, one_thread):
     from dml_book.train import Trainer, preset_config
     kw = dict(dataset="digits", batch_size=20, m_per_class=4, max_steps_per_epoch=4)
-    full = Trainer(preset_config("dcml", "builtin", epochs=2, out=str(tmp_path / "full"), **kw))
+    full = Trainer(preset_config("dcml", "glyphs", epochs=2, out=str(tmp_path / "full"), **kw))
     full.fit()
-    Trainer(preset_config("dcml", "builtin", epochs=1, out=str(tmp_path / "cut"), **kw)).fit()
-    resumed = Trainer(preset_config("dcml", "builtin", epochs=2, out=str(tmp_path / "cut"), **kw))
+    Trainer(preset_config("dcml", "glyphs", epochs=1, out=str(tmp_path / "cut"), **kw)).fit()
+    resumed = Trainer(preset_config("dcml", "glyphs", epochs=2, out=str(tmp_path / "cut"), **kw))
     resumed.fit()
     for a, b in zip(full.method.state_dict().values(), resumed.method.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -222,7 +222,7 @@ def test_presets_are_valid_configs():
     for v, (loss, miner) in {"tr": ("triplet", "random"), "tsh": ("triplet", "semihard"), "pn": ("proxynca", None)}.items():
         cfg = preset_config("dcml", f"cub200-{v}")                                   # the row pairs of Tables 3-5
         assert (cfg.loss, cfg.miner) == (loss, miner) and cfg.batch_size == 112
-    assert set(DCML.ablations) <= set(DCML.presets)
+    assert {f"glyphs-{a}" for a in DCML.ablations} <= set(DCML.presets)
 
 
 def test_compositor_learning_rate_group():
@@ -257,7 +257,7 @@ def test_without_jt_the_subtasks_train_the_learners_but_not_the_compositors():
     assert g_full[1].abs().sum() > 0 and g_abl[1] is None                                      # compositors: nothing
     rein = ablated.losses(tr2, g, labels)["rein"]
     assert torch.autograd.grad(rein, ablated.compositor.weighting)[0].abs().sum() > 0          # J_rein still trains them
-    assert DCML.ablations["no_jt"] == dict(jt_trains_compositor=False)
+    assert DCML.ablations["no-jt"] == dict(jt_trains_compositor=False)
 
 
 def test_relu_weighting_is_table_2s_exp_to_relu():
@@ -299,7 +299,7 @@ def test_margin_loss_and_sampler_on_composites_see_the_same_unit_vectors():
 def test_loss_variants_of_tables_3_to_5_train(tmp_path, variant, one_thread):
     "DCML-TR, -TSH and -PN take training steps; PN's subtasks have proxies of the composites' size, one set each."
     from dml_book.train import Trainer, preset_config
-    cfg = preset_config("dcml", f"builtin-{variant}", dataset_kwargs={"size": 16, "per_font": 1}, epochs=1,
+    cfg = preset_config("dcml", f"glyphs-{variant}", dataset_kwargs={"size": 16, "per_font": 1}, epochs=1,
                         max_steps_per_epoch=2, batch_size=32, out=str(tmp_path))
     tr = Trainer(cfg)
     if variant == "pn":

@@ -127,22 +127,22 @@ def test_dmml_experiment_reports_reid_metrics_on_the_market1501_layout(tmp_path)
     write_market(tmp_path/"data", train_ids=tuple(range(2, 30, 2)), test_ids=(1, 3, 5, 7, 9))
     out = tmp_path/"exp"
     params = dict(dataset="market1501", data_root=str(tmp_path/"data"), dataset_kwargs={}, epochs=1,
-                  max_steps_per_epoch=2, variants=["baseline", "dmml-no_margin"], taus=[0.2], out_dir=str(out))
+                  max_steps_per_epoch=2, variants=["baseline", "dmml-no-margin"], taus=[0.2], out_dir=str(out))
     import papermill as pm
     pm.execute_notebook(str(ROOT/"nbs"/"experiments"/"dmml.ipynb"), str(tmp_path/"dmml.ipynb"), parameters=params,
                         kernel_name="python3", progress_bar=False, cwd=str(ROOT))
     summary = pd.read_csv(out/"summary.csv")
     assert set(summary.metric) >= {"mAP", "CMC@1", "CMC@5", "CMC@10"} and "R@1" not in set(summary.metric)
-    assert set(summary.variant) == {"baseline", "dmml-no_margin", "dmml-tau0.2"} and summary["mean"].between(0, 1).all()
+    assert set(summary.variant) == {"baseline", "dmml-no-margin", "dmml-tau0.2"} and summary["mean"].between(0, 1).all()
     from dml_book.methods.dmml import DMML
     loss = {v: DMML(**json.loads((out/v/"seed0"/"metrics.json").read_text())["config"]["method_kwargs"]).loss
-            for v in ("dmml-no_margin", "dmml-tau0.2")}
-    assert (loss["dmml-no_margin"].variant, loss["dmml-no_margin"].margin) == ("none", 0.4)   # Table 4, w/o Margin
+            for v in ("dmml-no-margin", "dmml-tau0.2")}
+    assert (loss["dmml-no-margin"].variant, loss["dmml-no-margin"].margin) == ("none", 0.4)   # Table 4, w/o Margin
     assert (loss["dmml-tau0.2"].variant, loss["dmml-tau0.2"].margin) == ("negative", 0.2)    # Table 4, tau = 0.2
     comparison = pd.read_csv(out/"comparison.csv", dtype=str)   # each variant beside the paper row of its role (Tables 3-4)
     assert list(comparison.columns) == ["role", "ours", "paper", "table", "ours mAP", "paper mAP", "ours CMC@1", "paper CMC@1"]
     assert comparison[["role", "ours", "paper", "table", "paper mAP", "paper CMC@1"]].values.tolist() == [
         ["baseline", "baseline", "Triplet", "Table 3", "76.2", "89.6"],
-        ["ablation", "dmml-no_margin", "DMML w/o Margin", "Table 4", "80.8", "91.7"],
+        ["ablation", "dmml-no-margin", "DMML w/o Margin", "Table 4", "80.8", "91.7"],
         ["ablation", "dmml-tau0.2", "DMML (tau=0.2)", "Table 4", "80.6", "92.0"]]
     for f in ("learning_curves.png", "comparison.png"): assert (out/f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -188,8 +188,8 @@ def test_resume_is_identical(tmp_path):
 def test_paper_presets_take_a_step(tmp_path):
     "The paper presets (loss reductions, unnormalised head, ablations) run, here on a small CNN and the built-in digits."
     from dml_book.train import preset_config
-    for name in ("paper_triplet", "paper_npair", "paper_npair_no_softmax", "paper_triplet_no_recon", "paper_triplet_alpha0",
-                 "paper_triplet_baseline"):
+    for name in ("paper-triplet", "paper-npair", "paper-npair-no-softmax", "paper-triplet-no-recon", "paper-triplet-alpha0",
+                 "paper-triplet-baseline"):
         triplets = HDML.presets[name]["method_kwargs"].get("triplet_batches", False)
         batch = 6 if triplets else 5 * HDML.presets[name]["m_per_class"]   # triplet batches: 2 triplets over 4 of 5 classes
         cfg = preset_config("hdml", name, dataset="digits", backbone="smallcnn", pretrained=False, batch_size=batch,
@@ -205,14 +205,14 @@ def test_paper_presets_take_a_step(tmp_path):
 
 
 def test_triplet_batches_give_the_official_40_triplets_and_the_baseline_shares_them(tmp_path):
-    "paper_triplet: a batch of 120 is 40 triplets over 80 classes; J(T) sums over exactly those; the baseline uses the same."
+    "paper-triplet: a batch of 120 is 40 triplets over 80 classes; J(T) sums over exactly those; the baseline uses the same."
     from dml_book.samplers import TripletBatchSampler
     labels = np.repeat(np.arange(100), 6)
     batch = np.asarray(next(iter(TripletBatchSampler(labels, 40))))
     t = labels[batch].reshape(40, 3)
     assert len(set(t[:, [0, 2]].ravel())) == 80 and (t[:, 0] == t[:, 1]).all()
     from dml_book.train import preset_config
-    cfg = preset_config("hdml", "paper_triplet_baseline", dataset="digits", backbone="smallcnn", pretrained=False,
+    cfg = preset_config("hdml", "paper-triplet-baseline", dataset="digits", backbone="smallcnn", pretrained=False,
                         batch_size=6, transform=None, embedding_dim=64, out=str(tmp_path))
     tr = Trainer(cfg)
     x, y = next(iter(tr.loader))

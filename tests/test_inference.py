@@ -177,7 +177,7 @@ def test_help_names_meanings_choices_and_real_defaults():
     h = " ".join(sub["train"].format_help().split("options:")[1].split())
     for flag, names in [("--dataset", "cars196, cub200, digits"), ("--loss", "angular, contrastive"),
                         ("--miner", "batchhard, distance_weighted"), ("--method", "ala, baseline, dcml"),
-                        ("--backbone", "smallcnn, googlenet"), ("--preset", "hdml: paper_triplet")]:
+                        ("--backbone", "smallcnn, googlenet"), ("--preset", "hdml: paper-triplet")]:
         assert f"{flag} " in h and names in h.split(flag + " ", 1)[1][:600], flag
     assert "--embedding-dim EMBEDDING_DIM size of the embedding (default: 64)" in h
     assert "--progress, --no-progress show progress bars (default: True)" in h

@@ -24,7 +24,7 @@ numbers, and only these, are overridden:
   held-out split (otherwise first reached at step 30).
 - SOP's Recall@k levels (1, 10, 100, 1000) -> (1, 2, 4, 8), in the evaluation and in PADS's reward state: Recall@1000
   needs a gallery of 1000 images.
-- the built-in glyphs (DCML's `builtin` and ablation presets, ALA's `paper`): 16 x 16 pixels, one image per font
+- the built-in glyphs (DCML's `glyphs*` presets, ALA's `paper`): 16 x 16 pixels, one image per font
   (`--dataset-kwargs`), a quarter of the pixels and half the images of the default, which each evaluation embeds.
 - `--epochs 1 --max-steps-per-epoch 1`, as the command above.
 

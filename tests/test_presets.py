@@ -81,19 +81,19 @@ HDML_LOSS = {
                   loss_kwargs=dict(l2_reg=3e-3 / 4, normalize=False),                   # official loss_l2_reg 3e-3 x 1/4, raw z
                   method_kwargs=dict(HDML_FACTORS, pulling_factor=90.0)),               # Sec. 4.2: alpha = 90 (N-pair)
 }
-HDML_ABLATIONS = {"no_softmax": dict(softmax=False),      # Table 4 / Fig. 5: without J_soft
-                  "no_recon": dict(recon=False),          # without J_recon
+HDML_ABLATIONS = {"no-softmax": dict(softmax=False),      # Table 4 / Fig. 5: without J_soft
+                  "no-recon": dict(recon=False),          # without J_recon
                   "alpha0": dict(pulling_factor=0.0),     # alpha = 0: no hardness-aware augmentation
                   "baseline": dict(synthesize=False)}     # the baseline rows: the same tuples, no synthesis
 
 
 def test_hdml_presets():
-    names = {f"paper_{l}" for l in HDML_LOSS} | {f"paper_{l}_{a}" for l in HDML_LOSS for a in HDML_ABLATIONS}
+    names = {f"paper-{l}" for l in HDML_LOSS} | {f"paper-{l}-{a}" for l in HDML_LOSS for a in HDML_ABLATIONS}
     assert set(METHODS.get("hdml").presets) == names
     for loss, kw in HDML_LOSS.items():
-        check("hdml", f"paper_{loss}", **HDML_PAPER, **kw)
+        check("hdml", f"paper-{loss}", **HDML_PAPER, **kw)
         for abl, flip in HDML_ABLATIONS.items():
-            check("hdml", f"paper_{loss}_{abl}", **HDML_PAPER, **(kw | dict(method_kwargs=kw["method_kwargs"] | flip)))
+            check("hdml", f"paper-{loss}-{abl}", **HDML_PAPER, **(kw | dict(method_kwargs=kw["method_kwargs"] | flip)))
 
 
 # --------------------------------------------------------------------------------------------------- DCML (CVPR 2021)
@@ -124,31 +124,31 @@ DCML_VARIANTS = {   # the loss/sampler row pairs of Tables 3-5
 DCML_BUILTIN = dict(dataset="glyphs", backbone="smallcnn", pretrained=False,   # not a paper setting: the built-in data
                     embedding_dim=64, batch_size=64, m_per_class=4, epochs=5, **CONSTANT,
                     method_kwargs=dict(n_learners=4, n_compositors=8))          # the paper's counts on a small net
-DCML_ABLATIONS = {"no_compositor": dict(use_compositor=False), "no_rein": dict(use_rein=False),   # Table 1
-                  "no_jt": dict(jt_trains_compositor=False), "no_discriminative": dict(use_discriminative=False),
-                  "fc_compositor": dict(fc_compositor=True), "relu_weighting": dict(compositor_weighting="relu"),  # Table 2
-                  "no_tanh": dict(use_sign=False),
-                  "no_subtasks": dict(use_subtasks=False)}                      # not a row of the paper
+DCML_ABLATIONS = {"no-compositor": dict(use_compositor=False), "no-rein": dict(use_rein=False),   # Table 1
+                  "no-jt": dict(jt_trains_compositor=False), "no-discriminative": dict(use_discriminative=False),
+                  "fc-compositor": dict(fc_compositor=True), "relu-weighting": dict(compositor_weighting="relu"),  # Table 2
+                  "no-tanh": dict(use_sign=False),
+                  "no-subtasks": dict(use_subtasks=False)}                      # not a row of the paper
 
 
 def test_dcml_presets():
     paper = {f"{ds}{v}" for ds in DCML_KS for v in DCML_VARIANTS}
-    builtin = {f"builtin{v}" for v in DCML_VARIANTS}
-    assert set(METHODS.get("dcml").presets) == paper | builtin | set(DCML_ABLATIONS)
+    builtin = {f"glyphs{v}" for v in DCML_VARIANTS}
+    assert set(METHODS.get("dcml").presets) == paper | builtin | {f"glyphs-{a}" for a in DCML_ABLATIONS}
     for ds, ks in DCML_KS.items():
         for v, kw in DCML_VARIANTS.items():
             check("dcml", f"{ds}{v}", dataset=ds, ks=ks, **DCML_PAPER, **kw)
     for v, kw in DCML_VARIANTS.items():   # the same losses and samplers, with Wu et al.'s fixed beta
         fixed = dict(margin=0.2, beta=1.2) if v == "" else kw.get("loss_kwargs", {})
-        check("dcml", f"builtin{v}", **DCML_BUILTIN, **(kw | dict(loss_kwargs=fixed)))
+        check("dcml", f"glyphs{v}", **DCML_BUILTIN, **(kw | dict(loss_kwargs=fixed)))
     for name, flip in DCML_ABLATIONS.items():
-        check("dcml", name, **(DCML_BUILTIN | dict(method_kwargs=DCML_BUILTIN["method_kwargs"] | flip)), loss="margin",
+        check("dcml", f"glyphs-{name}", **(DCML_BUILTIN | dict(method_kwargs=DCML_BUILTIN["method_kwargs"] | flip)), loss="margin",
               miner="distance_weighted", loss_kwargs=dict(margin=0.2, beta=1.2))
 
 
 def test_dcml_builtin_presets_keep_a_fixed_beta():
     "The per-class learned beta is the paper scale's (official code); the built-in presets keep Wu et al.'s fixed 1.2."
-    for name in ("builtin", "no_rein"):
+    for name in ("glyphs", "glyphs-no-rein"):
         assert not preset_config("dcml", name).loss_kwargs.get("per_class", False)
 
 

@@ -173,7 +173,9 @@ def _arity(trainer) -> int:
     if arity not in (3, 4): raise ValueError(f"ALA weights triplets or pairs; {type(trainer.loss_fn).__name__} forms neither")
     return 3 if arity == 3 else 2
 
-def _setup(self: ALA, trainer):
+@patch
+def setup(self: ALA, trainer):
+    "Check the optimiser is plain SGD, read the loss's arity and build the assessor and its Adam optimiser."
     if (name := getattr(trainer.cfg, "optimizer", "auto")) not in ("auto", "sgd"):
         raise ValueError(f"ALA's look-ahead (eq. 10) models a plain gradient step, the step eq. (13) takes; "
                          f"optimizer={name!r} would take another: use sgd (the default for ALA)")
@@ -182,10 +184,16 @@ def _setup(self: ALA, trainer):
     self.assessor = Assessor(self.arity * trainer.model.embedding_dim, self.hidden_size, self.num_layers, scale).to(trainer.device)
     try: self.assessor_opt = torch.optim.Adam(self.assessor.parameters(), lr=self.assessor_lr, fused=True)  # 5x faster on small tensors
     except (RuntimeError, TypeError): self.assessor_opt = torch.optim.Adam(self.assessor.parameters(), lr=self.assessor_lr)
-ALA.setup = _setup
-ALA.param_groups = lambda self, trainer: []     # the assessor has its own optimiser
-ALA.batch_sampler = lambda self, trainer: EpisodeSampler(trainer.train_ds.labels, self.n_train, self.n_val,
-                                                         trainer.cfg.m_per_class, seed=trainer.cfg.seed, disjoint=self.disjoint)
+@patch
+def param_groups(self: ALA, trainer) -> list:
+    "None: the assessor has its own optimiser, outside the trainer's."
+    return []
+
+@patch
+def batch_sampler(self: ALA, trainer) -> EpisodeSampler:
+    "Episodes of `n_train` + `n_val` images, the two subsets' classes disjoint unless `disjoint=False`."
+    return EpisodeSampler(trainer.train_ds.labels, self.n_train, self.n_val, trainer.cfg.m_per_class,
+                          seed=trainer.cfg.seed, disjoint=self.disjoint)
 
 # %% ../../nbs/20_methods.ala.ipynb #016e0447
 @patch
@@ -194,6 +202,7 @@ def optimizers(self: ALA) -> list[torch.optim.Optimizer]:
     return [] if self.assessor_opt is None else [self.assessor_opt]
 
 # %% ../../nbs/20_methods.ala.ipynb #8a33c714
+@patch
 def _tuples(self: ALA, trainer, emb: Tensor, labels: Tensor):
     "The iteration's tuples: the miner's or all of them, at most `max_tuples` (random, order kept)."
     t = None if trainer.miner is None else trainer.miner(emb.detach(), labels)
@@ -204,17 +213,17 @@ def _tuples(self: ALA, trainer, emb: Tensor, labels: Tensor):
     n_pos = min(len(t[0]), self.max_tuples // 2)
     i, j = keep(len(t[0]), n_pos), keep(len(t[2]), self.max_tuples - n_pos)
     return t[0][i], t[1][i], t[2][j], t[3][j]
-ALA._tuples = _tuples
 
+@patch
 def _lrs(self: ALA, trainer, params: dict) -> tuple[list[float], list[float]]:
     "alpha and the weight decay per parameter: `inner_lr`, else the parameter's group in the main optimiser."
     group = {id(p): g for g in trainer.optimizer.param_groups for p in g["params"]}
     g = [group.get(id(p), {"lr": 0.0}) for p in params.values()]
     lrs = [self.inner_lr] * len(params) if self.inner_lr is not None else [x["lr"] for x in g]
     return lrs, [x.get("weight_decay", 0.0) for x in g]
-ALA._lrs = _lrs
 
 # %% ../../nbs/20_methods.ala.ipynb #0224428b
+@patch
 def _inputs(self: ALA, model, x: Tensor, xv: Tensor):
     "The stepped module, its training and validation inputs and buffers; batch-norm statistics never see the validation subset."
     if self.step == "all": return model, x, xv, {k: b.clone() for k, b in model.named_buffers()}
@@ -222,7 +231,6 @@ def _inputs(self: ALA, model, x: Tensor, xv: Tensor):
         bb = {**dict(model.backbone.named_parameters()), **{k: b.clone() for k, b in model.backbone.named_buffers()}}
         val_inp = functional_call(model.backbone, bb, (xv,))
     return model.head, model.backbone(x), val_inp, {}
-ALA._inputs = _inputs
 
 @patch
 def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor) -> dict:
@@ -259,23 +267,27 @@ def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor)
     return {"loss": loss.item(), **logs, "tuples": len(tuples)}
 
 # %% ../../nbs/20_methods.ala.ipynb #5baae9c1
-def _get_extra_state(self: ALA) -> dict:
+@patch
+def get_extra_state(self: ALA) -> dict:
+    "The assessor's optimiser, its LSTM state and the tuple generator: what a checkpoint needs to resume ALA."
     return {"assessor_opt": None if self.assessor_opt is None else self.assessor_opt.state_dict(),
             "state": self.state, "generator": self.generator.get_state()}
 
-def _set_extra_state(self: ALA, extra: dict):
+@patch
+def set_extra_state(self: ALA, extra: dict):
+    "Restore what `get_extra_state` saved."
     if extra["assessor_opt"] is not None: self.assessor_opt.load_state_dict(extra["assessor_opt"])
     self.state = extra["state"]
     self.generator.set_state(extra["generator"])
-ALA.get_extra_state, ALA.set_extra_state = _get_extra_state, _set_extra_state
 
-def _end_epoch(self: ALA, trainer, epoch: int) -> dict:
+@patch
+def end_epoch(self: ALA, trainer, epoch: int) -> dict:
+    "Keep the last iteration's hardness and weights for the figures; log the weights' mean, spread and correlation with hardness."
     if not self.last: return {}
     h, w = self.last["hardness"], self.last["weights"]
     self.snapshots.append({"epoch": epoch, "hardness": h.numpy(), "weights": w.numpy()})
     corr = float(np.corrcoef(h.numpy(), w.numpy())[0, 1]) if len(w) > 1 and w.std() > 0 and h.std() > 0 else 0.0
     return {"weight_mean": w.mean().item(), "weight_std": w.std().item() if len(w) > 1 else 0.0, "weight_hardness_corr": corr}
-ALA.end_epoch = _end_epoch
 
 # %% ../../nbs/20_methods.ala.ipynb #11927e31
 _paper = dict(lr_backbone=1e-4, lr_head=1e-3, weight_decay=0.0, optimizer="sgd",

@@ -250,11 +250,11 @@ def batch_loss(self: DCML, trainer: TrainerView, images: torch.Tensor, labels: t
     return self.losses(trainer, trainer.model.head.sub_embeddings(trainer.model.backbone(images)), labels)
 
 # %% ../../nbs/22_methods.dcml.ipynb #e6706978
-DCML.ablations = {"no_compositor": dict(use_compositor=False), "no_rein": dict(use_rein=False),           # Table 1
-                  "no_jt": dict(jt_trains_compositor=False), "no_discriminative": dict(use_discriminative=False),
-                  "fc_compositor": dict(fc_compositor=True), "relu_weighting": dict(compositor_weighting="relu"),  # Table 2
-                  "no_tanh": dict(use_sign=False),
-                  "no_subtasks": dict(use_subtasks=False)}   # not a row of the paper: no J_T at all
+DCML.ablations = {"no-compositor": dict(use_compositor=False), "no-rein": dict(use_rein=False),           # Table 1
+                  "no-jt": dict(jt_trains_compositor=False), "no-discriminative": dict(use_discriminative=False),
+                  "fc-compositor": dict(fc_compositor=True), "relu-weighting": dict(compositor_weighting="relu"),  # Table 2
+                  "no-tanh": dict(use_sign=False),
+                  "no-subtasks": dict(use_subtasks=False)}   # not a row of the paper: no J_T at all
 DCML.loss_variants = {   # the loss and sampler of each row pair of Tables 3-5 (baseline and DCML-<variant>)
     "mdw": dict(loss="margin", loss_kwargs=dict(margin=0.2, beta=1.2), miner="distance_weighted",
                 miner_kwargs=dict(cutoff=0.5, nonzero_loss_cutoff=1.4)),
@@ -272,8 +272,8 @@ _BUILTIN = dict(dataset="glyphs", embedding_dim=64, batch_size=64, m_per_class=4
 DCML.presets = {
     **{f"{ds}{'' if v == 'mdw' else '-' + v}": dict(_PAPER, dataset=ds, ks=ks, **(kw | ({"loss_kwargs": _PAPER_MARGIN} if v == "mdw" else {})))
        for ds, ks in _KS.items() for v, kw in DCML.loss_variants.items()},
-    **{f"builtin{'' if v == 'mdw' else '-' + v}": dict(_BUILTIN, **kw) for v, kw in DCML.loss_variants.items()},
-    **{name: dict(_BUILTIN, **DCML.loss_variants["mdw"], method_kwargs=dict(_BUILTIN["method_kwargs"], **kw))
+    **{f"glyphs{'' if v == 'mdw' else '-' + v}": dict(_BUILTIN, **kw) for v, kw in DCML.loss_variants.items()},
+    **{f"glyphs-{name}": dict(_BUILTIN, **DCML.loss_variants["mdw"], method_kwargs=dict(_BUILTIN["method_kwargs"], **kw))
        for name, kw in DCML.ablations.items()}}
 
 

@@ -338,13 +338,13 @@ _paper = dict(backbone="googlenet", pretrained=True, embedding_dim=512, normaliz
               lr_schedule="multistep", lr_milestones=(84, 103), lr_gamma=0.5)
 _paper_hdml = dict(beta=1e4, gen_lambda=0.5, lr_gen=1e-3, lr_softmax=1e-3, window=64, hidden=512)   # Sec. 4.2; window: official
 HDML.presets = {
-    "paper_triplet": _paper | dict(loss="triplet", loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"), batch_size=120,
+    "paper-triplet": _paper | dict(loss="triplet", loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"), batch_size=120,
                                    method_kwargs=_paper_hdml | dict(pulling_factor=7.0, triplet_batches=True)),
-    "paper_npair": _paper | dict(loss="npair", loss_kwargs=dict(l2_reg=3e-3 / 4, normalize=False), batch_size=128, m_per_class=2,
+    "paper-npair": _paper | dict(loss="npair", loss_kwargs=dict(l2_reg=3e-3 / 4, normalize=False), batch_size=128, m_per_class=2,
                                  method_kwargs=_paper_hdml | dict(pulling_factor=90.0)),
 }
-for _name, _kw in [("no_softmax", dict(softmax=False)), ("no_recon", dict(recon=False)), ("alpha0", dict(pulling_factor=0.0)),
+for _name, _kw in [("no-softmax", dict(softmax=False)), ("no-recon", dict(recon=False)), ("alpha0", dict(pulling_factor=0.0)),
                    ("baseline", dict(synthesize=False))]:
     for _loss in ("triplet", "npair"):
-        _p = HDML.presets[f"paper_{_loss}"]
-        HDML.presets[f"paper_{_loss}_{_name}"] = _p | dict(method_kwargs=_p["method_kwargs"] | _kw)
+        _p = HDML.presets[f"paper-{_loss}"]
+        HDML.presets[f"paper-{_loss}-{_name}"] = _p | dict(method_kwargs=_p["method_kwargs"] | _kw)
