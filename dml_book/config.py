@@ -92,6 +92,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "decoder": (lambda v: v in ("pil", "torchvision"), "'pil' or 'torchvision'"),
     "channels_last": (is_bool, "true or false"),
     "compile": (is_bool, "true or false"),
+    "precision": (lambda v: v in ("fp32", "bf16", "fp16"), "fp32, bf16 or fp16"),
     "progress": (is_bool, "true or false"),
     "umap": (is_bool, "true or false"),
 }

@@ -24,8 +24,8 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
 
 # %% auto #0
 __all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler', 'Trainer',
-           'resolve_workers', 'channels_last_collate', 'to_json', 'lock_out', 'TrainingDiverged', 'environment',
-           'select_epoch', 'train']
+           'resolve_workers', 'channels_last_collate', 'to_json', 'lock_out', 'precision_view', 'TrainingDiverged',
+           'environment', 'select_epoch', 'train']
 
 # %% ../nbs/08_train.ipynb #e4dc60f9
 @dataclass
@@ -76,6 +76,7 @@ class TrainConfig:
     decoder: str = "pil"             # image files: pil (PIL decoding and transforms) or torchvision (torchvision.io decoding, tensor transforms)
     channels_last: bool = False      # model and image batches in channels-last memory order (faster convolutions on GPUs with tensor cores)
     compile: bool = False            # torch.compile the backbone (slow first steps, faster later ones)
+    precision: str = "fp32"          # fp32, bf16 or fp16: the forward pass under torch.autocast (fp16 with a gradient scaler); losses stay fp32
     progress: bool = False           # show progress bars
     umap: bool = False               # save a UMAP figure of the final test embedding
 
@@ -352,7 +353,7 @@ def save_checkpoint(self: Trainer):
     state = dict(epoch=self.epoch, step=self.step, history=self.history, config=asdict(self.cfg),
                  model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                  loss=self.loss_fn.state_dict(), method=self.method.state_dict(),
-                 scheduler=self.scheduler.state_dict() if self.scheduler else None)
+                 scheduler=self.scheduler.state_dict() if self.scheduler else None, scaler=self.scaler.state_dict())
     write_checkpoint(state, self.out/"checkpoint.pt")
 
 # %% ../nbs/08_train.ipynb #56be333c
@@ -363,13 +364,14 @@ _RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval
 def load_checkpoint(self: Trainer, path):
     "Restore everything `save_checkpoint` wrote; refuse a checkpoint of a different configuration."
     state = read_checkpoint(path, map_location=self.device)
-    mine, theirs = asdict(self.cfg), state["config"]
-    diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k))]
+    mine, theirs, default = asdict(self.cfg), state["config"], asdict(TrainConfig())   # a field newer than the checkpoint: its default
+    diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k, default[k]))]
     if diff: raise ConfigError(f"{path} was written by a different configuration (differs in: {', '.join(diff)}); "
                                f"choose another output folder")
     self.model.load_state_dict(state["model"]); self.optimizer.load_state_dict(state["optimizer"])
     self.loss_fn.load_state_dict(state["loss"]); self.method.load_state_dict(state["method"])
     if self.scheduler: self.scheduler.load_state_dict(state["scheduler"])
+    if state.get("scaler"): self.scaler.load_state_dict(state["scaler"])   # fp16's loss scale (empty for fp32, bf16)
     self.epoch, self.step, self.history = state["epoch"], state["step"], state["history"]
     if self.dist.is_main: (self.out/"log.jsonl").write_text("".join(to_json(r) + "\n" for r in self.history))
 
@@ -426,15 +428,13 @@ def fit(self: Trainer) -> dict:
 @patch
 def training_step(self: Trainer, images: torch.Tensor, # this process's batch, on `device`
                   labels: torch.Tensor) -> dict: # its labels
-    "One iteration: the method's `custom_step`, or zero_grad, backward and step of the main optimiser on its `batch_loss`."
+    "One iteration: the method's `custom_step`, or `batch_loss` under `autocast` and `backward_and_step` of the main optimiser."
     m = self.method
-    logs = m.custom_step(self, images, labels)
+    logs = m.custom_step(self, images, labels)   # a custom step takes `autocast` and the scaler itself
     if logs is None:
-        out = m.batch_loss(self, images, labels)
+        with self.autocast(): out = m.batch_loss(self, images, labels)
         out = out if isinstance(out, dict) else {"loss": out}
-        self.optimizer.zero_grad(set_to_none=True)
-        out["loss"].backward()
-        self.optimizer.step()
+        self.backward_and_step(out["loss"], self.optimizer)
         logs = {k: v.item() if torch.is_tensor(v) else v for k, v in out.items()}
     return logs | m.after_step(self, logs)
 
@@ -443,6 +443,59 @@ def steps_per_epoch(self: Trainer) -> int:
     "Iterations in an epoch: the sampler's batches, at most `max_steps_per_epoch`."
     n = len(self.loader)
     return n if self.cfg.max_steps_per_epoch is None else min(n, self.cfg.max_steps_per_epoch)
+
+# %% ../nbs/08_train.ipynb #8906f9a5
+import contextlib
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+@patch
+def autocast(self: Trainer):
+    "A context for the forward pass: `torch.autocast` to bf16 or fp16 as `cfg.precision` says; nothing for fp32."
+    dtype = _AUTOCAST.get(self.cfg.precision)
+    return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+@patch(as_prop=True)
+def scaler(self: Trainer) -> torch.amp.GradScaler:
+    "The run's gradient scaler: enabled for fp16 only (disabled, `scale` returns the loss and `step` steps)."
+    if getattr(self, "_scaler", None) is None:
+        self._scaler = torch.amp.GradScaler(self.device.type, enabled=self.cfg.precision == "fp16")
+    return self._scaler
+
+# %% ../nbs/08_train.ipynb #73c3582c
+@patch
+def step_optimizers(self: Trainer, *optimizers: torch.optim.Optimizer): # optimisers whose gradients came from `scaler.scale(loss)`
+    "Step each optimiser on its unscaled gradients (fp16: skipped when they hold an inf or NaN), then update the scale."
+    s = self.scaler
+    if not s.is_enabled():
+        for o in optimizers: o.step()
+        return
+    if self.dist.enabled:   # average first, so that every rank sees the same overflow and skips the same steps
+        from dml_book.distributed import average_gradients
+        for o in optimizers: average_gradients([p for g in o.param_groups for p in g["params"]])
+    scale = s.get_scale()
+    for o in optimizers: s.step(o)
+    s.update()
+    if s.get_scale() < scale:   # an overflow: the step was skipped; its inf gradients are not a divergence
+        for o in optimizers: o.zero_grad(set_to_none=True)
+
+@patch
+def backward_and_step(self: Trainer, loss: torch.Tensor, # the loss to minimise
+                      *optimizers: torch.optim.Optimizer): # the optimisers to step on its gradients
+    "zero_grad, backward of the scaled `loss`, `step_optimizers`: a plain step in fp32 and bf16, a scaled one in fp16."
+    for o in optimizers: o.zero_grad(set_to_none=True)
+    self.scaler.scale(loss).backward()
+    self.step_optimizers(*optimizers)
+
+def precision_view(view, # a `TrainerView` stand-in (a namespace with `device`, `dist` optional)
+                   precision: str = "fp32", # fp32, bf16 or fp16, as `TrainConfig.precision`
+                  ):
+    "Give a stand-in for the trainer (in tests and chapters) the trainer's `autocast`, `scaler`, `backward_and_step`, `step_optimizers`."
+    dtype, dev = _AUTOCAST.get(precision), getattr(view, "device", torch.device("cpu")).type
+    view.scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
+    view.autocast = lambda: torch.autocast(dev, dtype=dtype) if dtype else contextlib.nullcontext()
+    view.step_optimizers = lambda *opts: Trainer.step_optimizers(view, *opts)
+    view.backward_and_step = lambda loss, *opts: Trainer.backward_and_step(view, loss, *opts)
+    return view
 
 # %% ../nbs/08_train.ipynb #8dfe3585
 class TrainingDiverged(RuntimeError):

@@ -12,7 +12,7 @@ from dml_book.losses import ContrastiveLoss, MarginLoss, TripletLoss
 from dml_book.methods.ala import ALA, Assessor, meta_objective, tuple_embeddings, weighted_sum
 from dml_book.models import EmbeddingNet
 from dml_book.registry import METHODS
-from dml_book.train import Trainer
+from dml_book.train import Trainer, precision_view
 
 
 def _meta_grad_check(head, dtype=torch.float64, seed=0, lrs=0.5):
@@ -64,8 +64,8 @@ def _trainer(backbone=None, loss_fn=None, miner=None, seed=0):
     backbone = backbone or nn.Sequential(nn.Flatten(), nn.Linear(16, 10), nn.ReLU())
     model = EmbeddingNet(backbone, 10, 4)
     cfg = SimpleNamespace(lr_backbone=1e-3, lr_head=1e-2, m_per_class=2, seed=0, optimizer="auto")
-    return SimpleNamespace(cfg=cfg, device=torch.device("cpu"), model=model, loss_fn=loss_fn or TripletLoss(margin=0.5),
-                           miner=miner, optimizer=None, train_ds=None)
+    return precision_view(SimpleNamespace(cfg=cfg, device=torch.device("cpu"), model=model, loss_fn=loss_fn or TripletLoss(margin=0.5),
+                           miner=miner, optimizer=None, train_ds=None))
 
 
 def _optimizer(model, cfg):
@@ -258,7 +258,7 @@ def _spread_problem(D, n_train, n_val, loss, m=5, feat=32, seed=0):
     x = torch.randn(n_cls, feat, generator=g)[y] + 0.8 * torch.randn(len(y), feat, generator=g)
     model = EmbeddingNet(nn.Sequential(nn.Linear(feat, feat), nn.ReLU()), feat, D)
     cfg = SimpleNamespace(lr_backbone=1e-4, lr_head=1e-3, m_per_class=m, seed=0, optimizer="auto")
-    tr = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), model=model, loss_fn=loss, miner=None, optimizer=None, train_ds=None)
+    tr = precision_view(SimpleNamespace(cfg=cfg, device=torch.device("cpu"), model=model, loss_fn=loss, miner=None, optimizer=None, train_ds=None))
     return tr, x, y
 
 

@@ -8,7 +8,7 @@ from dml_book.distributed import gather_batch, gather_shards, sync_optimizer, br
 from dml_book.losses import ContrastiveLoss, TripletLoss, ProxyAnchorLoss
 from dml_book.miners import SemiHardMiner, DistanceWeightedMiner
 from dml_book.methods.base import Baseline
-from dml_book.train import Trainer, LabelledSubset
+from dml_book.train import Trainer, LabelledSubset, precision_view
 
 SETUPS = {"pair": lambda: (ContrastiveLoss(pos_margin=0.1, neg_margin=0.6), None),
           "triplet+semihard": lambda: (TripletLoss(margin=0.2), SemiHardMiner(margin=0.2)),
@@ -31,8 +31,8 @@ def one_step(rank: int, world: int, setup: str, out: str):
     start = [p.detach().clone() for p in [*model.parameters(), *loss_fn.parameters()]]
     opt = torch.optim.SGD([*model.parameters(), *loss_fn.parameters()], lr=0.5)
     if world > 1: sync_optimizer(opt)
-    trainer = SimpleNamespace(model=model, loss_fn=loss_fn, miner=miner, optimizer=opt, method=Baseline(),
-                              gather=gather_batch if world > 1 else (lambda z, l: (z, l)))
+    trainer = precision_view(SimpleNamespace(model=model, loss_fn=loss_fn, miner=miner, optimizer=opt, method=Baseline(),
+                              gather=gather_batch if world > 1 else (lambda z, l: (z, l))))
     share = slice(rank * 16 // world, (rank + 1) * 16 // world)
     torch.manual_seed(1)   # the miner's draws
     logs = Trainer.training_step(trainer, x[share], y[share])

@@ -5,7 +5,7 @@ from dml_book.distributed import DistContext, run_local
 from dml_book.losses import TripletLoss
 from dml_book.miners import SemiHardMiner
 from dml_book.models import EmbeddingNet
-from dml_book.train import Trainer
+from dml_book.train import Trainer, precision_view
 from dml_book.methods.base import TrainerView
 from dml_book.methods.ala import ALA
 from dml_book.methods.hdml import HDML
@@ -26,6 +26,7 @@ def stand_in(method, rank: int, world: int, loss_fn, miner=None):
                          train_ds=SimpleNamespace(labels=np.arange(N_CLASSES).repeat(PER_CLASS)), dist=DistContext(rank, world),
                          optimizer=None, epoch=1, step=0, steps_per_epoch=1)
     tr.gather = lambda z, l: Trainer.gather(tr, z, l)
+    precision_view(tr)
     tr.embed_dataset = lambda ds, batch_size=256: Trainer.embed_dataset(tr, ds, batch_size)
     method.setup(tr)
     return tr

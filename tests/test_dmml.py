@@ -153,13 +153,13 @@ def test_method_step_equals_manual_step():
     "One trainer step on DMML.batch_loss == one Adam step on MetaCellLoss of the scaled, unnormalised embedding."
     from types import SimpleNamespace
     from dml_book.models import build_model
-    from dml_book.train import Trainer
+    from dml_book.train import Trainer, precision_view
 
     def stand_in():
         torch.manual_seed(0)
         model = build_model("smallcnn", embedding_dim=8)
-        return SimpleNamespace(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3), epoch=1,
-                               cfg=SimpleNamespace(epochs=2, seed=0), gather=lambda z, labels: (z, labels))
+        return precision_view(SimpleNamespace(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=1e-3), epoch=1,
+                               cfg=SimpleNamespace(epochs=2, seed=0), gather=lambda z, labels: (z, labels)))
     method, tr, ref = DMML(n_classes=2, n_support=2, n_query=1, scale=3.0), stand_in(), stand_in()
     method.setup(tr); tr.method = method
     x, y = torch.randn(6, 1, 16, 16), torch.tensor([4, 4, 4, 1, 1, 1])

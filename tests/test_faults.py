@@ -117,6 +117,7 @@ BAD_SETTINGS = {  # field: (command-line flags, a fragment of the one-line error
     "decoder": (["--decoder", "cv2"], "decoder='cv2' is invalid"),
     "channels_last": (["--config", "{tmp}/cl.yaml"], "channels_last='on' is invalid"),
     "compile": (["--config", "{tmp}/co.yaml"], "compile='max-autotune' is invalid"),
+    "precision": (["--precision", "fp8"], "precision='fp8' is invalid: expected fp32, bf16 or fp16"),
     "progress": (["--config", "{tmp}/p.yaml"], "progress=3 is invalid"),
     "umap": (["--config", "{tmp}/u.yaml"], "umap='no' is invalid"),
 }

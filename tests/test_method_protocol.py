@@ -7,7 +7,7 @@ import dml_book.methods
 from dml_book.methods import Baseline, HDML, PADS, ALA
 from dml_book.methods.base import Method, TrainerView
 from dml_book.registry import METHODS
-from dml_book.train import Trainer, TrainConfig
+from dml_book.train import Trainer, TrainConfig, precision_view
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT/"nbs"
@@ -63,8 +63,8 @@ def test_the_trainer_takes_the_step_on_the_tuples_a_method_chooses():
     ref.load_state_dict(model.state_dict())
     class Fixed(Baseline):
         def tuples(self, trainer, embeddings, labels): return torch.tensor([0, 2]), torch.tensor([1, 3]), torch.tensor([4, 5])
-    tr = SimpleNamespace(model=model, loss_fn=TripletLoss(margin=1.0, normalize=False), miner=None, gather=lambda z, y: (z, y), method=Fixed(),
-                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    tr = precision_view(SimpleNamespace(model=model, loss_fn=TripletLoss(margin=1.0, normalize=False), miner=None, gather=lambda z, y: (z, y), method=Fixed(),
+                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1)))
     x, y = torch.randn(6, 4), torch.tensor([0, 0, 1, 1, 2, 2])
     logs = Trainer.training_step(tr, x, y)
     z = ref(x); d = lambda i, j: (z[i] - z[j]).norm(dim=1)
@@ -103,7 +103,7 @@ def test_only_the_documented_custom_steps_step_an_optimiser():
         for fn in ast.walk(tree):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)): continue
             calls = {n.func.attr for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
-            if calls & {"step", "backward"}: found.append(f"{path.stem}.{fn.name}")
+            if calls & {"step", "backward", "backward_and_step", "step_optimizers"}: found.append(f"{path.stem}.{fn.name}")   # the last two: the trainer's scaler-aware steps
     assert sorted(found) == ["ala.custom_step", "hdml.custom_step", "pads_policy.update"], found
     for cls in (Baseline, PADS):   # the trainer's step for these: no custom step of their own
         assert cls.custom_step is Method.custom_step

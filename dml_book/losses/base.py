@@ -115,6 +115,9 @@ def forward(self: BaseLoss,
              weights: Tensor|None = None, # (T,) one weight per tuple used; the loss is then sum(w*l)/sum(w) per block
             ) -> Tensor|LossOutput: # a scalar, or a `LossOutput` when `reduction="none"`
     "The loss of a batch."
+    if torch.is_autocast_enabled(embeddings.device.type):   # mixed precision: distances in fp32 (see the text)
+        with torch.autocast(embeddings.device.type, enabled=False):
+            return self.forward(embeddings.to(torch.promote_types(embeddings.dtype, torch.float32)), labels, indices_tuple, weights)
     check_batch(embeddings, labels); check_finite(embeddings)
     check_tuple(indices_tuple, len(embeddings))
     if self.normalize: embeddings = F.normalize(embeddings, dim=1)  # the one place losses normalise

@@ -239,9 +239,11 @@ def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor)
     if len(images) != n + self.n_val:
         raise ValueError(f"ALA needs episodes of n_train + n_val = {n + self.n_val} images (EpisodeSampler), got {len(images)}")
     x, y, xv, yv = images[:n], labels[:n], images[n:], labels[n:]
-    module, inp, val_inp, buffers = self._inputs(model, x, xv)
+    with trainer.autocast():                            # mixed precision: the real forward only
+        module, inp, val_inp, buffers = self._inputs(model, x, xv)
+        emb = module(inp)                               # theta's training embeddings, graph kept for eq. (13)
+    inp, val_inp, emb = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (inp, val_inp, emb))   # the look-ahead (eqs. 10-12): fp32
     params = dict(module.named_parameters())
-    emb = module(inp)                                   # theta's training embeddings, graph kept for eq. (13)
     t = self._tuples(trainer, emb, y)
     tuples = tuple_embeddings(emb, t)
     if _on_any_rank(len(tuples) == 0, labels.device): return {"loss": 0.0, "tuples": 0}   # all ranks skip together
@@ -261,7 +263,7 @@ def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor)
         self.state = _rank_mean(_detach_state(state))                        # under torchrun: one state for all ranks
         logs = {"val_loss": val_loss.item(), "weight_mean": w.mean().item(), "weight_std": w.std().item() if len(w) > 1 else 0.0}
     loss = weighted_sum(loss_fn, emb, y, t, w)                               # eq. (13): one plain step (all 1 without assessor)
-    trainer.optimizer.zero_grad(); loss.backward(); trainer.optimizer.step()
+    trainer.backward_and_step(loss, trainer.optimizer)                      # fp16: through the trainer's scaler
     if dist.is_available() and dist.is_initialized(): self.generator.set_state(broadcast_object(self.generator.get_state()))
     self.last = {"hardness": tuple_hardness(emb, t).cpu(), "weights": (torch.ones(len(tuples)) if w is None else w).cpu()}
     return {"loss": loss.item(), **logs, "tuples": len(tuples)}

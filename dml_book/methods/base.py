@@ -33,6 +33,13 @@ class TrainerView(Protocol):
         "The global batch under torchrun (each rank's embeddings keep their gradient); the batch itself otherwise."
     def embed_dataset(self, ds, batch_size: int = 256) -> tuple[torch.Tensor, Any]:
         "Test-time embeddings (rank 0 holds them under torchrun) and labels of every item of `ds`."
+    scaler: torch.amp.GradScaler # fp16's gradient scaler (disabled otherwise): `scaler.scale(loss)` before a backward of one's own
+    def autocast(self):
+        "The context for a forward pass in `cfg.precision` (a `custom_step` enters it itself)."
+    def backward_and_step(self, loss: torch.Tensor, *optimizers: torch.optim.Optimizer):
+        "zero_grad, backward and step of `optimizers` on `loss`, through the scaler."
+    def step_optimizers(self, *optimizers: torch.optim.Optimizer):
+        "Step `optimizers` on gradients of `scaler.scale(loss)` (unscaled first), then update the scale."
 
 # %% ../../nbs/08a_methods.base.ipynb #17c22cc6
 class Method(nn.Module):

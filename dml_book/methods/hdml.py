@@ -294,11 +294,12 @@ def _grads_to(loss, params, retain: bool):
 def custom_step(self: HDML, trainer: TrainerView, images, labels) -> dict | None:
     "One HDML iteration: J_metric -> backbone and projector, J_gen -> generator, softmax loss -> softmax layer."
     if not self.synthesize: return None   # the baseline: the trainer's step on `batch_loss`
-    o = self.objectives(trainer, images, labels)
-    _grads_to(o["j_metric"], [p for g in trainer.optimizer.param_groups for p in g["params"] if p.requires_grad], True)
-    _grads_to(o["j_gen"], list(self.generator.parameters()), True)
-    _grads_to(o["j_ce"], list(self.classifier.parameters()), False)
-    for opt in (trainer.optimizer, self.opt_gen, self.opt_softmax): opt.step()
+    with trainer.autocast(): o = self.objectives(trainer, images, labels)   # mixed precision: the forward only
+    scale = trainer.scaler.scale   # fp16: each objective scaled alike; the identity otherwise
+    _grads_to(scale(o["j_metric"]), [p for g in trainer.optimizer.param_groups for p in g["params"] if p.requires_grad], True)
+    _grads_to(scale(o["j_gen"]), list(self.generator.parameters()), True)
+    _grads_to(scale(o["j_ce"]), list(self.classifier.parameters()), False)
+    trainer.step_optimizers(trainer.optimizer, self.opt_gen, self.opt_softmax)   # unscaled (fp16), then stepped
     return {k: (v.item() if torch.is_tensor(v) else float(v)) for k, v in o.items()} | {"loss": o["j_metric"].item()}
 
 @patch
