@@ -111,7 +111,7 @@ def search_shards(shards: list[tuple[int, object]], q: np.ndarray, k: int, metri
     with ThreadPoolExecutor(len(shards)) as pool: list(pool.map(one, range(len(shards))))
     return faiss.merge_knn_results(D, I, keep_max=keep_max)
 
-# %% ../nbs/06_metrics.ipynb #39018912
+# %% ../nbs/06_metrics.ipynb #6f8e2290
 def knn_chunks(query,                          # (Q, D) query embeddings, tensor or array
                k: int,                         # neighbours per query
                gallery=None,                   # (G, D) gallery; None: the queries themselves, each query excluded
@@ -162,7 +162,7 @@ def average_precision_at_r(match: np.ndarray, r: np.ndarray) -> tuple[np.ndarray
     prec = hits / np.arange(1, rel.shape[1] + 1)
     return (prec * rel).sum(1) / r, hits[:, -1] / r
 
-# %% ../nbs/06_metrics.ipynb #cd2421e0
+# %% ../nbs/06_metrics.ipynb #90154fe3
 def same_class_pairs(ql: np.ndarray,  # (Q,) labels of the queries
                      gl: np.ndarray,  # (G,) labels of the gallery
                     ) -> tuple[np.ndarray, np.ndarray]:
@@ -173,10 +173,10 @@ def same_class_pairs(ql: np.ndarray,  # (Q,) labels of the queries
     qi = np.repeat(np.arange(len(ql)), n)
     return qi, order[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())]
 
-# %% ../nbs/06_metrics.ipynb #18745f34
-def _keys(q, g, gn, cosine: bool):
+# %% ../nbs/06_metrics.ipynb #b5b897a7
+def _keys(q, g, gn, cosine: bool, out=None):
     "Ranking keys of all pairs of `q` and `g`: |g|^2 - 2 q.g (Euclidean) or -2 q.g (cosine); one GEMM."
-    return torch.addmm(gn[None], q, g.T, beta=0 if cosine else 1, alpha=-2)
+    return torch.addmm(gn[None], q, g.T, beta=0 if cosine else 1, alpha=-2, out=out)
 
 def _pair_keys(q, g, gn, qi, gj, cosine: bool, step: int):
     "The same keys for the listed pairs `(qi, gj)` only, `step` pairs at a time."
@@ -190,7 +190,13 @@ def _ahead(key, idx, dstar, jstar):
     "Whether `(key, idx)` ranks before `(dstar, jstar)`: a smaller key, or the same key and a smaller index."
     return (key < dstar) | ((key == dstar) & (idx < jstar))
 
-# %% ../nbs/06_metrics.ipynb #eb387244
+def _count_below(K, thr):
+    "Per row of `K`, the entries below the row's threshold `thr` (numpy's count is the faster one on the CPU)."
+    if K.device.type != "cpu": return (K < thr[:, None]).sum(1)
+    return torch.from_numpy(np.count_nonzero(K.numpy() < thr.numpy()[:, None], axis=1))
+
+
+# %% ../nbs/06_metrics.ipynb #a12933ce
 def count_ahead(q: torch.Tensor,      # (Q, D) queries, as `prepare` returns them
                 g: torch.Tensor,      # (G, D) gallery, as `prepare` returns it
                 ql: np.ndarray,       # (Q,) query labels
@@ -198,10 +204,19 @@ def count_ahead(q: torch.Tensor,      # (Q, D) queries, as `prepare` returns the
                 own: np.ndarray | None,  # (Q,) each query's own gallery index (single-set protocol), or None
                 cosine: bool,         # keys for cosine (inner product) rather than Euclidean distance
                 block: int = 1024,    # gallery items per GEMM block
+                gn: torch.Tensor | None = None,  # (G,) squared norms of the gallery, if already at hand
                ) -> np.ndarray:
     "Per query, the gallery items other than itself ranked before its first same-class item (all of them if none)."
     dev, G = q.device, len(g)
-    gn = (g * g).sum(1)
+    gn = (g * g).sum(1) if gn is None else gn
+    threads = torch.get_num_threads()  # the GEMM's; the bookkeeping runs on one (see below)
+    torch.set_num_threads(1)
+    try: return _count_ahead(q, g, ql, gl, own, cosine, block, gn, threads)
+    finally: torch.set_num_threads(threads)
+
+def _count_ahead(q, g, ql, gl, own, cosine, block, gn, threads):
+    "`count_ahead`'s work, on one thread but for the GEMM, which gets `threads`."
+    dev, G = q.device, len(g)
     qi, gj = same_class_pairs(ql, gl)
     qi, gj = torch.as_tensor(qi, device=dev), torch.as_tensor(gj, device=dev)
     mine = torch.ones(len(qi), dtype=torch.bool, device=dev) if own is None else gj != torch.as_tensor(own, device=dev)[qi]
@@ -213,11 +228,14 @@ def count_ahead(q: torch.Tensor,      # (Q, D) queries, as `prepare` returns the
     by_g = torch.argsort(gj)  # the query itself is among the pairs: subtracted like its class mates
     qi, gj = qi[by_g], gj[by_g]
     count = torch.zeros(len(q), dtype=torch.int64, device=dev)
+    buf = torch.empty(len(q), min(block, G), device=dev)  # one block of keys, reused
     for b0 in range(0, G, block):
         b1 = min(b0 + block, G)
-        K = _keys(q, g[b0:b1], gn[b0:b1], cosine)
+        torch.set_num_threads(threads)
+        K = _keys(q, g[b0:b1], gn[b0:b1], cosine, out=buf[:, :b1 - b0])
+        torch.set_num_threads(1)
         thr = torch.where(jstar >= b1, ties, dstar)  # the whole block before j*: equal keys count too
-        count += (K < thr[:, None]).sum(1, dtype=torch.int32)
+        count += _count_below(K, thr)
         cut = ((jstar >= b0) & (jstar < b1)).nonzero()[:, 0]  # j* inside the block: equal keys left of it
         if len(cut):
             left = torch.arange(b0, b1, device=dev)[None] < jstar[cut, None]
@@ -269,7 +287,7 @@ def pairwise_f1(labels, clusters) -> float:
     tp, den = pairs(n_ij), pairs(a) + pairs(b)
     return float(2 * tp / den) if den else float("nan")
 
-# %% ../nbs/06_metrics.ipynb #011f9ef7
+# %% ../nbs/06_metrics.ipynb #f6e73aba
 def _lists(q, g, rows, k, single, shards):
     "The `k` nearest gallery items of queries `rows` (themselves excluded in the single-set protocol): `(D, I)`."
     qs = np.ascontiguousarray(q[rows])
@@ -278,7 +296,9 @@ def _lists(q, g, rows, k, single, shards):
 
 METRICS = ("R@K", "NMI", "F1", "MAP@R", "R-Precision")
 
-def _retrieval(q, ql, g, gl, ks, metrics, distance, max_memory, gpus, progress, first="auto") -> dict:
+def _retrieval(q, ql, g, gl, ks, metrics, distance, max_memory, gpus, progress,
+               first: str = "auto",  # per chunk, "lists" or "counts" first; "auto": as the last chunk suggests
+              ) -> dict:
     "Recall@K from first-correct ranks, MAP@R and R-Precision from neighbour lists, one chunk of queries at a time."
     single, cosine = g is None, distance == "cosine"
     q = prepare(q, distance); g = q if single else prepare(g, distance)
@@ -292,12 +312,14 @@ def _retrieval(q, ql, g, gl, ks, metrics, distance, max_memory, gpus, progress, 
     shards = shard_gallery(g, faiss.METRIC_L2, gpus) if want_ap and gpus and depth + single <= _GPU_MAX_K else []
     dev = torch.device(f"cuda:{gpus[0]}") if gpus and torch.cuda.is_available() else torch.device("cpu")
     qt = torch.as_tensor(q, device=dev); gt = qt if single else torch.as_tensor(g, device=dev)
+    gn = (gt * gt).sum(1)
     block = int(min(len(g), 1024, max(1, max_memory // 5)))  # a key block: 4 bytes a key, 1 a comparison
     step = int(max(1, min(len(q), 4096, max_memory // (5 * block),
                           max_memory // (24 * (max(len(shards), 1) + 1) * (depth + single)) if want_ap else len(q))))
 
     def count(rows):
-        return count_ahead(qt[torch.as_tensor(rows, device=dev)], gt, ql[rows], gl, rows if single else None, cosine, block)
+        return count_ahead(qt[torch.as_tensor(rows, device=dev)], gt, ql[rows], gl, rows if single else None, cosine,
+                           block, gn)
 
     def from_lists(rows):
         _, I = _lists(q, g, rows, depth, single, shards)
@@ -312,7 +334,8 @@ def _retrieval(q, ql, g, gl, ks, metrics, distance, max_memory, gpus, progress, 
     show = progress if progress is not None else len(q) * len(g) > 10**9
     for s in (progress_bar(starts, leave=False) if show else starts):
         rows = np.arange(s, min(s + step, len(q)))
-        if want_ap and (not counting or first == "lists" or first == "auto" and in_lists >= 0.5):  # lists first; count only the queries they miss
+        lists_first = not counting or first == "lists" or (first == "auto" and in_lists >= 0.5)
+        if want_ap and lists_first:  # count only the queries the lists miss
             rank[rows], ap[rows], rp[rows] = from_lists(rows)
             miss = rows[rank[rows] >= depth]
             if counting and len(miss): rank[miss] = np.maximum(count(miss), depth)
