@@ -363,7 +363,7 @@ def evaluate(embeddings,                       # (N, D) test embeddings (the que
              gallery=None,                     # (G, D) separate gallery (query/gallery protocol); None: single set
              gallery_labels=None,              # (G,) labels of the gallery
              distance: str = "euclidean",      # "euclidean" or "cosine", as the model was trained
-             max_memory: int = 256 * 2**20,    # bytes for one chunk of neighbour lists (peak is about this + 16 MB)
+             max_memory: int = 256 * 2**20,    # bytes for one chunk of neighbour lists or of key blocks
              kmeans_niter: int = 20,           # k-means iterations (NMI, F1)
              kmeans_nredo: int = 1,            # k-means restarts
              seed: int = 1234,                 # k-means seed
