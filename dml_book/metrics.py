@@ -18,8 +18,8 @@ from .registry import check_choice
 
 # %% auto #0
 __all__ = ['DISTANCES', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu_available', 'gpu_ids', 'shard_gallery',
-           'search_shards', 'knn_chunks', 'knn', 'first_hit', 'average_precision_at_r', 'kmeans_assign', 'contingency',
-           'nmi', 'pairwise_f1', 'evaluate']
+           'search_shards', 'knn_chunks', 'knn', 'first_hit', 'average_precision_at_r', 'same_class_pairs',
+           'count_ahead', 'kmeans_assign', 'contingency', 'nmi', 'pairwise_f1', 'evaluate']
 
 # %% ../nbs/06_metrics.ipynb #6d030470
 def as_embeddings(x, # (N, D) array or tensor
@@ -124,7 +124,7 @@ def search_shards(shards: list[tuple[int, object]], # (first gallery row, faiss 
     with ThreadPoolExecutor(len(shards)) as pool: list(pool.map(one, range(len(shards))))
     return faiss.merge_knn_results(D, I, keep_max=keep_max)
 
-# %% ../nbs/06_metrics.ipynb #2ab78e39
+# %% ../nbs/06_metrics.ipynb #6f8e2290
 def knn_chunks(query,                          # (Q, D) query embeddings, tensor or array
                k: int,                         # neighbours per query
                gallery=None,                   # (G, D) gallery; None: the queries themselves, each query excluded
@@ -148,15 +148,14 @@ def knn_chunks(query,                          # (Q, D) query embeddings, tensor
     for s in (progress_bar(starts, leave=False) if show else starts):
         qs = q[s:s + step]
         D, I = search_shards(shards, qs, kk, metric) if shards else faiss.knn(qs, g, kk, metric=metric)
-        if gallery is None: D, I = _drop_self(D, I, s)
+        if gallery is None: D, I = _drop_own(D, I, np.arange(s, s + len(I)))
         yield s, D, I
 
-def _drop_self(D, I, start):
-    "Remove each query's own index (or, if absent, the last column) from its neighbour list."
-    own = I == np.arange(start, start + len(I))[:, None]
-    own[~own.any(1), -1] = True
-    keep = ~own
-    return D[keep].reshape(len(I), -1), I[keep].reshape(len(I), -1)
+def _drop_own(D, I, own):
+    "Remove index `own[i]` (or, if absent, the last column) from row i of the neighbour lists."
+    mask = I == own[:, None]
+    mask[~mask.any(1), -1] = True
+    return D[~mask].reshape(len(I), -1), I[~mask].reshape(len(I), -1)
 
 # %% ../nbs/06_metrics.ipynb #989678eb
 def knn(query, # (Q, D) query embeddings
@@ -183,6 +182,89 @@ def average_precision_at_r(match: np.ndarray, # (Q, >= max r) bool: the j-th nei
     hits = np.cumsum(rel, axis=1)
     prec = hits / np.arange(1, rel.shape[1] + 1)
     return (prec * rel).sum(1) / r, hits[:, -1] / r
+
+# %% ../nbs/06_metrics.ipynb #90154fe3
+def same_class_pairs(ql: np.ndarray,  # (Q,) labels of the queries
+                     gl: np.ndarray,  # (G,) labels of the gallery
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    "Every `(query, gallery item)` pair of one class, as two index vectors sorted by query."
+    order = np.argsort(gl, kind="stable")
+    lo, hi = np.searchsorted(gl[order], ql, "left"), np.searchsorted(gl[order], ql, "right")
+    n = hi - lo
+    qi = np.repeat(np.arange(len(ql)), n)
+    return qi, order[np.repeat(lo - np.cumsum(n) + n, n) + np.arange(n.sum())]
+
+# %% ../nbs/06_metrics.ipynb #b5b897a7
+def _keys(q, g, gn, cosine: bool, out=None):
+    "Ranking keys of all pairs of `q` and `g`: |g|^2 - 2 q.g (Euclidean) or -2 q.g (cosine); one GEMM."
+    return torch.addmm(gn[None], q, g.T, beta=0 if cosine else 1, alpha=-2, out=out)
+
+def _pair_keys(q, g, gn, qi, gj, cosine: bool, step: int):
+    "The same keys for the listed pairs `(qi, gj)` only, `step` pairs at a time."
+    out = torch.empty(len(qi), device=q.device)
+    for s in range(0, len(qi), step):
+        a, b = qi[s:s + step], gj[s:s + step]
+        out[s:s + step] = (0 if cosine else gn[b]) - 2 * (q[a] * g[b]).sum(1)
+    return out
+
+def _ahead(key, idx, dstar, jstar):
+    "Whether `(key, idx)` ranks before `(dstar, jstar)`: a smaller key, or the same key and a smaller index."
+    return (key < dstar) | ((key == dstar) & (idx < jstar))
+
+def _count_below(K, thr):
+    "Per row of `K`, the entries below the row's threshold `thr` (numpy's count is the faster one on the CPU)."
+    if K.device.type != "cpu": return (K < thr[:, None]).sum(1)
+    return torch.from_numpy(np.count_nonzero(K.numpy() < thr.numpy()[:, None], axis=1))
+
+
+# %% ../nbs/06_metrics.ipynb #a12933ce
+def count_ahead(q: torch.Tensor,      # (Q, D) queries, as `prepare` returns them
+                g: torch.Tensor,      # (G, D) gallery, as `prepare` returns it
+                ql: np.ndarray,       # (Q,) query labels
+                gl: np.ndarray,       # (G,) gallery labels
+                own: np.ndarray | None,  # (Q,) each query's own gallery index (single-set protocol), or None
+                cosine: bool,         # keys for cosine (inner product) rather than Euclidean distance
+                block: int = 1024,    # gallery items per GEMM block
+                gn: torch.Tensor | None = None,  # (G,) squared norms of the gallery, if already at hand
+               ) -> np.ndarray:
+    "Per query, the gallery items other than itself ranked before its first same-class item (all of them if none)."
+    dev, G = q.device, len(g)
+    gn = (g * g).sum(1) if gn is None else gn
+    threads = torch.get_num_threads()  # the GEMM's; the bookkeeping runs on one (see below)
+    torch.set_num_threads(1)
+    try: return _count_ahead(q, g, ql, gl, own, cosine, block, gn, threads)
+    finally: torch.set_num_threads(threads)
+
+def _count_ahead(q, g, ql, gl, own, cosine, block, gn, threads):
+    "`count_ahead`'s work, on one thread but for the GEMM, which gets `threads`."
+    dev, G = q.device, len(g)
+    qi, gj = same_class_pairs(ql, gl)
+    qi, gj = torch.as_tensor(qi, device=dev), torch.as_tensor(gj, device=dev)
+    mine = torch.ones(len(qi), dtype=torch.bool, device=dev) if own is None else gj != torch.as_tensor(own, device=dev)[qi]
+    keys = _pair_keys(q, g, gn, qi[mine], gj[mine], cosine, step=block)
+    dstar = torch.full((len(q),), torch.inf, device=dev).scatter_reduce_(0, qi[mine], keys, "amin")
+    first = keys == dstar[qi[mine]]
+    jstar = torch.full((len(q),), G, device=dev).scatter_reduce_(0, qi[mine][first], gj[mine][first], "amin")
+    ties = torch.nextafter(dstar, torch.full_like(dstar, torch.inf))
+    by_g = torch.argsort(gj)  # the query itself is among the pairs: subtracted like its class mates
+    qi, gj = qi[by_g], gj[by_g]
+    count = torch.zeros(len(q), dtype=torch.int64, device=dev)
+    buf = torch.empty(len(q), min(block, G), device=dev)  # one block of keys, reused
+    for b0 in range(0, G, block):
+        b1 = min(b0 + block, G)
+        torch.set_num_threads(threads)
+        K = _keys(q, g[b0:b1], gn[b0:b1], cosine, out=buf[:, :b1 - b0])
+        torch.set_num_threads(1)
+        thr = torch.where(jstar >= b1, ties, dstar)  # the whole block before j*: equal keys count too
+        count += _count_below(K, thr)
+        cut = ((jstar >= b0) & (jstar < b1)).nonzero()[:, 0]  # j* inside the block: equal keys left of it
+        if len(cut):
+            left = torch.arange(b0, b1, device=dev)[None] < jstar[cut, None]
+            count[cut] += ((K[cut] == dstar[cut, None]) & left).sum(1)
+        i0, i1 = torch.searchsorted(gj, torch.tensor([b0, b1], device=dev)).tolist()
+        a, b = qi[i0:i1], gj[i0:i1]  # class mates (and the query) in this block: not counted
+        count -= torch.bincount(a[_ahead(K[a, b - b0], b, dstar[a], jstar[a])], minlength=len(q))
+    return count.cpu().numpy()
 
 # %% ../nbs/06_metrics.ipynb #fa9b9334
 def kmeans_assign(x,                          # (N, D) points
@@ -232,28 +314,69 @@ def pairwise_f1(labels, # (N,) true class of each item
     tp, den = pairs(n_ij), pairs(a) + pairs(b)
     return float(2 * tp / den) if den else float("nan")
 
-# %% ../nbs/06_metrics.ipynb #dd40d1f8
+# %% ../nbs/06_metrics.ipynb #f6e73aba
+def _lists(q, g, rows, k, single, shards):
+    "The `k` nearest gallery items of queries `rows` (themselves excluded in the single-set protocol): `(D, I)`."
+    qs = np.ascontiguousarray(q[rows])
+    D, I = search_shards(shards, qs, k + single, faiss.METRIC_L2) if shards else faiss.knn(qs, g, k + single)
+    return _drop_own(D, I, rows) if single else (D, I)
+
 METRICS = ("R@K", "NMI", "F1", "MAP@R", "R-Precision")
 
-def _retrieval(q, ql, g, gl, ks, metrics, distance, **kw) -> dict:
-    "Recall@K, MAP@R and R-Precision from one chunked search."
+def _retrieval(q, ql, g, gl, ks, metrics, distance, max_memory, gpus, progress,
+               first: str = "auto",  # per chunk, "lists" or "counts" first; "auto": as the last chunk suggests
+              ) -> dict:
+    "Recall@K from first-correct ranks, MAP@R and R-Precision from neighbour lists, one chunk of queries at a time."
+    single, cosine = g is None, distance == "cosine"
+    q = prepare(q, distance); g = q if single else prepare(g, distance)
+    gl = ql if single else gl
     labs, counts = np.unique(gl, return_counts=True)
     pos = np.searchsorted(labs, ql).clip(max=len(labs) - 1)
-    r = np.where(labs[pos] == ql, counts[pos], 0) - (g is None)  # relevant gallery items per query
+    r = np.where(labs[pos] == ql, counts[pos], 0) - single  # relevant gallery items per query
     want_ap = "MAP@R" in metrics or "R-Precision" in metrics
-    k = max(max(ks) if "R@K" in metrics else 0, r.max() if want_ap else 0, 1)
-    hit, ap, rp = np.empty(len(ql), np.int64), np.full(len(ql), np.nan), np.full(len(ql), np.nan)
-    for s, _, I in knn_chunks(q, k, g, distance, **kw):
-        match, sl = (gl if g is not None else ql)[I] == ql[s:s + len(I), None], slice(s, s + len(I))
-        hit[sl] = first_hit(match)
-        if want_ap and (r[sl] > 0).any():
-            ok = r[sl] > 0
-            ap[sl][ok], rp[sl][ok] = average_precision_at_r(match[ok], r[sl][ok])
+    depth = int(max(r.max(), 1)) if want_ap else 0  # length of the neighbour lists: the largest R
+    counting = "R@K" in metrics and ks[-1] > depth  # some K reaches beyond the lists
+    shards = shard_gallery(g, faiss.METRIC_L2, gpus) if want_ap and gpus and depth + single <= _GPU_MAX_K else []
+    dev = torch.device(f"cuda:{gpus[0]}") if gpus and torch.cuda.is_available() else torch.device("cpu")
+    qt = torch.as_tensor(q, device=dev); gt = qt if single else torch.as_tensor(g, device=dev)
+    gn = (gt * gt).sum(1)
+    block = int(min(len(g), 1024, max(1, max_memory // 5)))  # a key block: 4 bytes a key, 1 a comparison
+    step = int(max(1, min(len(q), 4096, max_memory // (5 * block),
+                          max_memory // (24 * (max(len(shards), 1) + 1) * (depth + single)) if want_ap else len(q))))
+
+    def count(rows):
+        return count_ahead(qt[torch.as_tensor(rows, device=dev)], gt, ql[rows], gl, rows if single else None, cosine,
+                           block, gn)
+
+    def from_lists(rows):
+        _, I = _lists(q, g, rows, depth, single, shards)
+        match, ok = gl[I] == ql[rows, None], r[rows] > 0
+        ap, rp = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
+        if ok.any(): ap[ok], rp[ok] = average_precision_at_r(match[ok], r[rows][ok])
+        return first_hit(match), ap, rp
+
+    rank, ap, rp = np.zeros(len(q), np.int64), np.zeros(len(q)), np.zeros(len(q))
+    in_lists = 1.0  # share of the last chunk's queries with a same-class item in their list
+    starts = range(0, len(q), step)
+    show = progress if progress is not None else len(q) * len(g) > 10**9
+    for s in (progress_bar(starts, leave=False) if show else starts):
+        rows = np.arange(s, min(s + step, len(q)))
+        lists_first = not counting or first == "lists" or (first == "auto" and in_lists >= 0.5)
+        if want_ap and lists_first:  # count only the queries the lists miss
+            rank[rows], ap[rows], rp[rows] = from_lists(rows)
+            miss = rows[rank[rows] >= depth]
+            if counting and len(miss): rank[miss] = np.maximum(count(miss), depth)
+        else:  # counts first; lists only for the queries whose AP@R can be above 0
+            rank[rows] = count(rows)
+            near = rows[rank[rows] < r[rows]]
+            if want_ap and len(near): _, ap[near], rp[near] = from_lists(near)
+        in_lists = float((rank[rows] < depth).mean())
     if (r == 0).any():
         warnings.warn(f"{int((r == 0).sum())} of {len(r)} queries have no item of their class in the gallery: "
                       "they count as misses in Recall@K and are left out of MAP@R and R-Precision")
-    out = {f"R@{K}": float((hit < K).mean()) for K in ks} if "R@K" in metrics else {}
+    out = {f"R@{K}": float((rank < K).mean()) for K in ks} if "R@K" in metrics else {}
     if want_ap:
+        ap[r == 0] = rp[r == 0] = np.nan
         mean = lambda v: float(np.nanmean(v)) if (r > 0).any() else float("nan")
         if "MAP@R" in metrics: out["MAP@R"] = mean(ap)
         if "R-Precision" in metrics: out["R-Precision"] = mean(rp)
@@ -267,7 +390,7 @@ def evaluate(embeddings,                       # (N, D) test embeddings (the que
              gallery=None,                     # (G, D) separate gallery (query/gallery protocol); None: single set
              gallery_labels=None,              # (G,) labels of the gallery
              distance: str = "euclidean",      # "euclidean" or "cosine", as the model was trained
-             max_memory: int = 256 * 2**20,    # bytes for one chunk of neighbour lists (peak is about this + 16 MB)
+             max_memory: int = 256 * 2**20,    # bytes for one chunk of neighbour lists or of key blocks
              kmeans_niter: int = 20,           # k-means iterations (NMI, F1)
              kmeans_nredo: int = 1,            # k-means restarts
              seed: int = 1234,                 # k-means seed
@@ -282,6 +405,7 @@ def evaluate(embeddings,                       # (N, D) test embeddings (the que
     g = gl = None
     if (gallery is None) != (gallery_labels is None): raise ValueError("pass both gallery and gallery_labels, or neither")
     if gallery is not None: g = as_embeddings(gallery, "gallery"); gl = as_labels(gallery_labels, len(g), "gallery_labels")
+    if g is not None and g.shape[1] != q.shape[1]: raise ValueError(f"query has dimension {q.shape[1]}, gallery {g.shape[1]}")
     ks, gpus = sorted({int(k) for k in ks}), gpu_ids(gpus)
     n_gal = len(q) - 1 if g is None else len(g)
     if "R@K" in metrics and not 1 <= ks[0] <= ks[-1] <= n_gal:

@@ -9,8 +9,9 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from dml_book import metrics
 from dml_book.reid_metrics import reid_evaluate, flip_averaged_features
-from dml_book.metrics import (evaluate, knn, kmeans_assign, nmi,
-                              pairwise_f1, gpu_available, gpu_ids, shard_gallery, search_shards)
+from dml_book.metrics import (evaluate, knn, knn_chunks, kmeans_assign, nmi, pairwise_f1, gpu_available, gpu_ids,
+                              shard_gallery, search_shards, count_ahead, first_hit, prepare,
+                              average_precision_at_r)
 
 
 # ---------------------------------------------------------------- brute-force references
@@ -110,6 +111,103 @@ def test_knn_removes_self_among_exact_duplicates():
     _, idx = knn(x, 2, max_memory=400)
     assert not (idx == np.arange(90)[:, None]).any()
     assert (idx // 3 == np.arange(90)[:, None] // 3).all()  # the two twins come first
+
+
+# ---------------------------------------------------------------- Recall@K by counting, with exact ties
+def tied(rng, n, dim, distance):
+    "Embeddings with many exactly tied distances: small integers (Euclidean), or +-1 (cosine: +-0.5 once normalised)."
+    assert distance == "euclidean" or dim == 4, "+-1 in 4 dimensions: exact in float32 once normalised"
+    x = rng.integers(-2, 3, (n, dim)).astype(np.float32)
+    return x if distance == "euclidean" else np.where(x < 0, -1, 1).astype(np.float32)
+
+
+def brute_rank(x, y, gx=None, gy=None, distance="euclidean"):
+    "Rank of each query's first same-class item after a stable sort of float64 distances (itself left out)."
+    single = gx is None
+    gx, gy = (x, y) if single else (gx, gy)
+    d = brute_distances(x, gx, distance)
+    out = []
+    for i in range(len(x)):
+        order = [j for j in np.argsort(d[i], kind="stable") if not (single and j == i)]
+        rel = gy[order] == y[i]
+        out.append(int(rel.argmax()) if rel.any() else len(order))
+    return np.array(out)
+
+
+def our_rank(x, y, gx=None, gy=None, distance="euclidean", block=1024, rows=None):
+    q = torch.as_tensor(prepare(x, distance))
+    g = q if gx is None else torch.as_tensor(prepare(gx, distance))
+    rows = np.arange(len(x)) if rows is None else rows
+    return count_ahead(q[rows], g, y[rows], y if gx is None else gy, rows if gx is None else None,
+                       distance == "cosine", block)
+
+
+def retrieval_v1(q, ql, g, gl, ks, distance, max_memory):
+    "The previous `_retrieval`: lists as long as the largest K or R, Recall@K read off them with `first_hit`."
+    labs, counts = np.unique(gl, return_counts=True)
+    pos = np.searchsorted(labs, ql).clip(max=len(labs) - 1)
+    r = np.where(labs[pos] == ql, counts[pos], 0) - (g is None)
+    hit, ap, rp = np.empty(len(ql), np.int64), np.full(len(ql), np.nan), np.full(len(ql), np.nan)
+    for s, _, idx in knn_chunks(q, max(max(ks), r.max(), 1), g, distance, max_memory=max_memory, gpus=None):
+        match, sl = gl[idx] == ql[s:s + len(idx), None], slice(s, s + len(idx))
+        hit[sl] = first_hit(match)
+        ok = r[sl] > 0
+        if ok.any():
+            ap[sl][ok], rp[sl][ok] = average_precision_at_r(match[ok], r[sl][ok])
+    return {**{f"R@{k}": float((hit < k).mean()) for k in ks}, "MAP@R": float(np.nanmean(ap)),
+            "R-Precision": float(np.nanmean(rp))}
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("block", [1, 7, 1024])
+def test_count_ahead_equals_brute_force_with_ties(distance, block):
+    rng = np.random.default_rng(20)
+    x, y = tied(rng, 110, 4, distance), rng.integers(0, 35, 110)  # some classes of one image: no class mate
+    gx, gy = tied(rng, 90, 4, distance), rng.integers(0, 28, 90)  # query classes 28-34 are not in the gallery
+    want = brute_rank(x, y, distance=distance)
+    assert (want == 109).any() and len(set(want)) > 10
+    np.testing.assert_array_equal(our_rank(x, y, distance=distance, block=block), want)
+    want_g = brute_rank(x, y, gx, gy, distance)
+    assert (want_g == 90).any()
+    np.testing.assert_array_equal(our_rank(x, y, gx, gy, distance, block), want_g)
+    rows = np.array([5, 99, 0, 42])  # a few queries on their own, in any order
+    np.testing.assert_array_equal(our_rank(x, y, distance=distance, block=block, rows=rows), want[rows])
+
+
+@pytest.mark.parametrize("n", [60, 160])  # faiss keeps lists of k < 100 in a heap, longer ones in a reservoir
+def test_count_ahead_equals_faiss_lists_with_ties(n):
+    "The ranks the previous implementation read off faiss' L2 lists, ties included."
+    rng = np.random.default_rng(21)
+    x, y = tied(rng, n, 4, "euclidean"), rng.integers(0, n // 4, n)
+    _, idx = knn(x, n - 1, gpus=None)
+    np.testing.assert_array_equal(our_rank(x, y, block=16), first_hit(y[idx] == y[:, None]))
+
+
+@pytest.mark.parametrize("first", ["lists", "counts", "auto"])
+@pytest.mark.parametrize("max_memory", [400, 256 * 2**20])  # blocks of 80 items, chunks of 1 query / one of each
+def test_retrieval_equals_the_old_implementation_and_brute_force_with_ties(first, max_memory):
+    rng = np.random.default_rng(22)
+    ks = [1, 2, 5, 20, 100]
+    for distance in ("euclidean", "cosine"):
+        x, y = tied(rng, 150, 4, distance), rng.integers(0, 40, 150)
+        gx, gy = tied(rng, 120, 4, distance), rng.integers(0, 32, 120)
+        for g, gl in ((None, y), (gx, gy)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # lone queries
+                new = metrics._retrieval(x, y, g, gl, ks, RETRIEVAL, distance, max_memory, [], False, first)
+                brute = brute_retrieval(x, y, ks, g, None if g is None else gy, distance)
+                assert new == pytest.approx(brute, abs=1e-12)
+                if distance == "euclidean":  # faiss' inner-product lists order ties differently (see the chapter)
+                    assert new == retrieval_v1(x, y, g, gl, ks, distance, max_memory)
+
+
+def test_evaluate_with_ties_lone_queries_and_small_memory():
+    rng = np.random.default_rng(23)
+    x, y = tied(rng, 90, 3, "euclidean"), np.r_[rng.integers(0, 20, 85), 100, 101, 102, 103, 104]
+    with pytest.warns(UserWarning, match="of 90 queries have no item of their class"):
+        got = evaluate(x, y, ks=(1, 3, 10, 60, 89), metrics=RETRIEVAL, max_memory=300)  # blocks of 60
+    assert got == pytest.approx(brute_retrieval(x, y, (1, 3, 10, 60, 89)), abs=1e-12)
+    assert got["R@89"] < 1  # the five lone queries miss even with the whole gallery
 
 
 # ---------------------------------------------------------------- clustering metrics
@@ -436,3 +534,16 @@ def test_without_gpus_nothing_gpu_is_touched(monkeypatch):
     assert metrics._GPU_RES == {}
     with pytest.raises(RuntimeError, match="gpus=1, but faiss has no GPU support or sees no GPU"):
         evaluate(x, y, gpus=1)
+
+
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+def test_sharded_lists_with_counts_and_ties_equal_the_cpu(three_gpus, distance):
+    "The GPU path, simulated: lists from L2 shards (cosine too), counts beyond them; same numbers as the CPU."
+    rng = np.random.default_rng(24)
+    x, y = tied(rng, 100, 4, distance), rng.integers(0, 12, 100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        on_gpus = evaluate(x, y, ks=(1, 4, 40), metrics=RETRIEVAL, distance=distance, max_memory=4_000)
+        assert [index.metric_type for _, index in three_gpus] == [faiss.METRIC_L2] * 3
+        assert evaluate(x, y, ks=(1, 4, 40), metrics=RETRIEVAL, distance=distance, max_memory=4_000, gpus=None) == on_gpus
+    assert on_gpus == pytest.approx(brute_retrieval(x, y, (1, 4, 40), distance=distance), abs=1e-12)
