@@ -271,10 +271,15 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     commands = {"train": train_command, "experiment": experiment_command, "evaluate": evaluate_command,
                 "embed": embed_command, "index": index_command, "search": search_command, "list": list_command}
-    try: return commands[args.command](args)
+    from dml_book.distributed import end_distributed
+    clean = False
+    try:
+        rc = commands[args.command](args); clean = True
+        return rc
     except USER_ERRORS as e:
         sys.stderr.write(f"dml-book: error: {one_line(str(e))}\n")   # one write: the ranks of a torchrun job do not interleave
         return 2
+    finally: end_distributed(clean)   # under torchrun: every rank leaves the group before it exits
 
 # %% ../nbs/10_cli.ipynb #ceb89ddc
 if __name__ == "__main__" and not in_notebook(): sys.exit(main())

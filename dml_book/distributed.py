@@ -14,7 +14,7 @@ import torch.distributed.nn.functional as dist_fn
 
 # %% auto #0
 __all__ = ['DistContext', 'init_distributed', 'gather_batch', 'average_gradients', 'sync_optimizer', 'broadcast_state', 'shard',
-           'gather_shards', 'broadcast_object', 'run_local']
+           'gather_shards', 'broadcast_object', 'end_distributed', 'run_local']
 
 # %% ../nbs/08b_distributed.ipynb #26f0304d
 @dataclass(frozen=True)
@@ -111,6 +111,13 @@ def broadcast_object(obj, # a picklable object (ignored on the other ranks)
     "Rank `src`'s `obj` on every rank."
     if not dist.is_initialized(): return obj
     box = [obj]; dist.broadcast_object_list(box, src=src); return box[0]
+
+def end_distributed(clean: bool = True, # the command finished normally: wait for every rank first
+                   ):
+    "Tear the process group down before the process exits: a rank that exits with gloo's threads alive can abort its peer."
+    if not (dist.is_available() and dist.is_initialized()): return
+    if clean: dist.barrier()
+    dist.destroy_process_group()
 
 # %% ../nbs/08b_distributed.ipynb #70ff3fdd
 def _spawn_worker(rank, world, port, fn, args):
