@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse, json, sys
 from dataclasses import fields, asdict, replace
 from pathlib import Path
+from typing import Literal, get_args, get_origin, get_type_hints
 from fastcore.imports import in_notebook
 from fastcore.docments import docments
 from .registry import UnknownNameError, DATASETS, LOSSES, MINERS, METHODS
@@ -16,6 +17,8 @@ from .models import PretrainedWeightsUnavailable
 from .train import TrainConfig, ConfigError, Trainer, preset_config, TrainingDiverged
 from .checkpoint import CheckpointError
 from .data.core import ImageReadError
+from .inference import CheckpointName
+from .index import IndexKind, IndexMetric
 from .results import ExperimentError, run_experiment
 
 # %% auto #0
@@ -34,14 +37,18 @@ def _parse_type(annotation: str):
 
 CLI_DEFAULTS = {"progress": True, "umap": True}   # where `dml-book train` departs from `TrainConfig`'s defaults
 
+def _literal_fields(cls) -> dict[str, list[str]]:
+    "The values of each field of the dataclass `cls` that is typed as a `Literal`."
+    return {k: list(get_args(t)) for k, t in get_type_hints(cls).items() if get_origin(t) is Literal}
+
 def choices() -> dict[str, list[str]]:
-    "The names each naming field of `TrainConfig` accepts (registered datasets, losses, miners, methods, ...)."
+    "The names each naming field of `TrainConfig` accepts (registered datasets, losses, miners, methods, ...; the values of its `Literal` fields)."
     from dml_book.train import _load_registries
     from dml_book.models import BACKBONES
     from dml_book.data.transforms import TRANSFORM_PRESETS
     _load_registries()
     return dict(dataset=DATASETS.names(), backbone=["smallcnn", *sorted(BACKBONES)], transform=sorted(TRANSFORM_PRESETS),
-                loss=LOSSES.names(), miner=MINERS.names(), method=METHODS.names(), head=["identity", "linear"])
+                loss=LOSSES.names(), miner=MINERS.names(), method=METHODS.names(), **_literal_fields(TrainConfig))
 
 # %% ../nbs/10_cli.ipynb #d50395c9
 def _without_names(comment: str, names: list[str]) -> str:
@@ -66,7 +73,7 @@ def _add_config_flags(p: argparse.ArgumentParser):
 def _add_run_commands(sub):
     "The subcommands that use a trained run: evaluate, embed, index, search; and list."
     run = dict(help="a training run's output folder (holding checkpoint.pt)")
-    ckpt = dict(choices=("best", "last"), default="best",
+    ckpt = dict(choices=get_args(CheckpointName), default="best",
                 help="best.pt (the epoch a validation split chose; the last checkpoint when there is none) or checkpoint.pt (default: best)")
     dev = dict(default="auto", help="auto, cpu, cuda, cuda:1 ... (default: auto)")
     ev = sub.add_parser("evaluate", help="test metrics of a run's checkpoint, on its own test split or another dataset")
@@ -81,8 +88,8 @@ def _add_run_commands(sub):
     ix = sub.add_parser("index", help="build a faiss index of images embedded by a run")
     ix.add_argument("run_dir", **run); ix.add_argument("images", nargs="+", help="the gallery: image files and folders (recursively)")
     ix.add_argument("--out", required=True, help="the index folder to write (index.faiss, index.json)")
-    ix.add_argument("--approximate", choices=("ivf", "hnsw"), default=None, help="an approximate index for large galleries (default: exact)")
-    ix.add_argument("--metric", choices=("l2", "ip"), default="l2", help="Euclidean distance or inner product (default: l2)")
+    ix.add_argument("--approximate", choices=[k for k in get_args(IndexKind) if k != "flat"], default=None, help="an approximate index for large galleries (default: exact)")
+    ix.add_argument("--metric", choices=get_args(IndexMetric), default="l2", help="Euclidean distance or inner product (default: l2)")
     ix.add_argument("--nlist", type=int, default=1024, help="IVF: k-means cells (default: 1024, at most one per 39 images)")
     ix.add_argument("--nprobe", type=int, default=16, help="IVF: cells visited per query (default: 16)")
     ix.add_argument("--hnsw-m", type=int, default=32, help="HNSW: links per vector (default: 32)")

@@ -8,12 +8,16 @@ Docs: https://dml-book.github.io/dml_book/config.html.md"""
 from __future__ import annotations
 import inspect, math
 from dataclasses import fields
+from typing import Literal, get_args
 import torch
 from .registry import check_choice
+from .models import Head
+from .data.core import Decoder, EvalProtocol
 
 # %% auto #0
-__all__ = ['FIELD_CHECKS', 'positive_int', 'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict',
-           'recall_ks', 'check_fields', 'check_device', 'check_kwargs', 'check_config']
+__all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'FIELD_CHECKS', 'positive_int', 'non_negative_int',
+           'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict', 'recall_ks', 'words', 'one_of',
+           'check_fields', 'check_device', 'check_kwargs', 'check_config']
 
 # %% ../nbs/08d_config.ipynb #7ae02c2d
 from .registry import ConfigError   # one class for every configuration error (the data layer raises it too)
@@ -45,6 +49,24 @@ def recall_ks(v, # the value to check
              ) -> bool:
     return isinstance(v, (tuple, list)) and len(v) > 0 and all(positive_int(k) for k in v)
 
+# %% ../nbs/08d_config.ipynb #5a1c0e22
+OptimizerName = Literal["auto", "adam", "sgd"]   # auto: the method's own choice (`Method.optimizer_name`), else adam
+LRSchedule = Literal["constant", "step", "multistep", "exponential"]   # a `torch.optim.lr_scheduler` (constant: none)
+LRStepPer = Literal["epoch", "iteration"]   # what one step of the schedule is
+Precision = Literal["fp32", "bf16", "fp16"]   # the number format of the forward pass (`torch.autocast`)
+
+def words(alias, # a `Literal` alias
+         ) -> str:
+    "The values of `alias` as a sentence lists them: 'a, b or c'."
+    v = [str(x) for x in get_args(alias)]
+    return v[0] if len(v) == 1 else f"{', '.join(v[:-1])} or {v[-1]}"
+
+def one_of(alias, # a `Literal` alias, e.g. `Precision`
+          ) -> tuple:
+    "A `FIELD_CHECKS` row for a field typed `alias`: (the value is one of its values, the values in words)."
+    values = get_args(alias)
+    return (lambda v: isinstance(v, str) and v in values), words(alias)
+
 # %% ../nbs/08d_config.ipynb #a7ddf7de
 FIELD_CHECKS = {  # field: (predicate, what it expects)
     "dataset": (is_str, "a registered dataset name"),
@@ -53,7 +75,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "transform": (optional(is_str), "the name of an image pipeline or None"),
     "backbone": (is_str, "a backbone name"),
     "embedding_dim": (positive_int, "a positive integer"),
-    "head": (lambda v: v in ("linear", "identity"), "'linear' or 'identity'"),
+    "head": one_of(Head),
     "last_stride": (lambda v: v in (1, 2) and _int(v), "1 or 2"),
     "freeze_bn": (is_bool, "true or false"),
     "normalize": (is_bool, "true or false"),
@@ -71,12 +93,12 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "lr_backbone": (non_negative_float, "a finite, non-negative number"),
     "lr_head": (non_negative_float, "a finite, non-negative number"),
     "weight_decay": (non_negative_float, "a finite, non-negative number"),
-    "optimizer": (lambda v: v in ("auto", "adam", "sgd"), "auto, adam or sgd"),
-    "lr_schedule": (lambda v: v in ("constant", "step", "multistep", "exponential"), "constant, step, multistep or exponential"),
+    "optimizer": one_of(OptimizerName),
+    "lr_schedule": one_of(LRSchedule),
     "lr_step_size": (positive_int, "a positive integer"),
     "lr_milestones": (lambda v: isinstance(v, (tuple, list)) and all(positive_int(x) for x in v), "positive integers (scheduler steps)"),
     "lr_gamma": (lambda v: _num(v) and math.isfinite(v) and v > 0, "a finite, positive factor"),
-    "lr_step_per": (lambda v: v in ("epoch", "iteration"), "epoch or iteration"),
+    "lr_step_per": one_of(LRStepPer),
     "max_steps_per_epoch": (optional(positive_int), "a positive integer or None"),
     "eval_every": (positive_int, "a positive integer"),
     "val_fraction": (lambda v: _num(v) and 0 <= v < 1, "a fraction in [0, 1)"),
@@ -89,10 +111,10 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "pin_memory": (is_bool, "true or false"),
     "persistent_workers": (is_bool, "true or false"),
     "prefetch_factor": (positive_int, "a positive integer"),
-    "decoder": (lambda v: v in ("pil", "torchvision"), "'pil' or 'torchvision'"),
+    "decoder": one_of(Decoder),
     "channels_last": (is_bool, "true or false"),
     "compile": (is_bool, "true or false"),
-    "precision": (lambda v: v in ("fp32", "bf16", "fp16"), "fp32, bf16 or fp16"),
+    "precision": one_of(Precision),
     "progress": (is_bool, "true or false"),
     "umap": (is_bool, "true or false"),
 }
@@ -155,6 +177,7 @@ def check_config(cfg, # the `TrainConfig` to check
     check_choice("backbone", cfg.backbone, ("smallcnn", *BACKBONES), ConfigError)
     if cfg.pretrained and cfg.backbone == "smallcnn": raise ConfigError("pretrained=True: the smallcnn backbone has no pretrained weights")
     ds = DATASETS.get(cfg.dataset)
+    check_choice("evaluation protocol", getattr(ds, "protocol", None), get_args(EvalProtocol), ConfigError, owner=f"dataset {cfg.dataset!r}")
     root = inspect.signature(ds).parameters.get("root")
     if cfg.data_root is None and root is not None and root.default is inspect.Parameter.empty:
         raise ConfigError(f"dataset {cfg.dataset!r} needs --data-root, the folder that holds it (none was given, so nothing was looked at); "

@@ -8,19 +8,21 @@ Docs: https://dml-book.github.io/dml_book/nn_index.html.md"""
 from __future__ import annotations
 import json
 from pathlib import Path
+from typing import Literal, get_args
 import numpy as np
-from .inference import load_run, embed, image_files, open_image
+from .inference import load_run, embed, image_files, open_image, CheckpointName
 from .registry import check_choice
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['KINDS', 'METRICS', 'Index', 'index_images', 'search_images', 'plot_search']
+__all__ = ['IndexKind', 'IndexMetric', 'KINDS', 'METRICS', 'Index', 'index_images', 'search_images', 'plot_search']
 
 # %% ../nbs/12a_nn_index.ipynb #41e70925
-KINDS = ("flat", "ivf", "hnsw")
-METRICS = ("l2", "ip")
+IndexKind = Literal["flat", "ivf", "hnsw"]   # exact, or approximate (for large galleries): inverted file, or HNSW graph
+IndexMetric = Literal["l2", "ip"]   # Euclidean distance, or inner product
+KINDS, METRICS = get_args(IndexKind), get_args(IndexMetric)
 
-def _faiss_index(dim: int, metric: str, kind: str, nlist: int, hnsw_m: int):
+def _faiss_index(dim: int, metric: IndexMetric, kind: IndexKind, nlist: int, hnsw_m: int):
     "An empty faiss index of the given kind and metric."
     import faiss
     check_choice("metric", metric, METRICS); check_choice("index kind", kind, KINDS)
@@ -35,8 +37,8 @@ def _faiss_index(dim: int, metric: str, kind: str, nlist: int, hnsw_m: int):
 class Index:
     "A faiss index of embeddings, with the path of each vector and the run that embedded them."
     def __init__(self, dim: int, # embedding dimension
-                 metric: str = "l2", # "l2" (Euclidean) or "ip" (inner product)
-                 kind: str = "flat", # "flat" (exact), "ivf" or "hnsw" (approximate, for large galleries)
+                 metric: IndexMetric = "l2", # Euclidean distance or inner product
+                 kind: IndexKind = "flat", # exact, or approximate for large galleries
                  nlist: int = 1024, # IVF: number of k-means cells (at most one per 39 vectors it is trained on)
                  nprobe: int = 16, # IVF: cells visited per query
                  hnsw_m: int = 32, # HNSW: links per vector
@@ -126,7 +128,7 @@ def load(cls: Index,
 # %% ../nbs/12a_nn_index.ipynb #94b90672
 def index_images(run_dir, # a training run's output folder
                  inputs, # image files and folders (searched recursively)
-                 checkpoint: str = "best", # "best" or "last" (see `load_run`)
+                 checkpoint: CheckpointName = "best", # which of the run's checkpoints (see `load_run`)
                  device: str = "auto", # auto, cpu, cuda ...
                  batch_size: int = 256, # images per forward pass
                  **kwargs) -> Index: # `Index` settings: metric, kind, nlist, nprobe, hnsw_m

@@ -9,16 +9,17 @@ from __future__ import annotations
 import json
 from dataclasses import fields, replace
 from pathlib import Path
+from typing import Literal, get_args
 import numpy as np, torch
 from torch import nn
 from PIL import Image
-from .registry import DATASETS
+from .registry import DATASETS, check_choice
 from .data.core import build_split, preprocessing_spec
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
 
 # %% auto #0
-__all__ = ['IMAGE_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel', 'load_run', 'image_files',
-           'embed', 'evaluate_run', 'save_embeddings']
+__all__ = ['CheckpointName', 'IMAGE_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel',
+           'load_run', 'image_files', 'embed', 'evaluate_run', 'save_embeddings']
 
 # %% ../nbs/12_inference.ipynb #7a11afbb
 def open_image(path, # an image file
@@ -60,12 +61,14 @@ def _read_checkpoint(path: Path, map_location="cpu") -> dict:
     from dml_book.checkpoint import read_checkpoint
     return read_checkpoint(path, map_location)
 
+CheckpointName = Literal["best", "last"]   # best.pt (the epoch a validation split chose; else the last), or checkpoint.pt
+
 def checkpoint_file(run_dir, # a training run's output folder
-                    checkpoint: str = "best", # 'best' or 'last'
+                    checkpoint: CheckpointName = "best", # which of the run's checkpoints
                    ) -> Path:
     "The checkpoint of `run_dir` to load: `best.pt` (else the last) for 'best', `checkpoint.pt` for 'last'."
     run = Path(run_dir)
-    if checkpoint not in ("best", "last"): raise ConfigError(f"checkpoint must be 'best' or 'last', not {checkpoint!r}")
+    check_choice("checkpoint", checkpoint, get_args(CheckpointName), ConfigError)
     if not run.is_dir(): raise FileNotFoundError(f"run folder {run} does not exist")
     if checkpoint == "best" and (run/"best.pt").exists(): return run/"best.pt"
     if (run/"checkpoint.pt").exists(): return run/"checkpoint.pt"
@@ -105,7 +108,7 @@ class RunModel(nn.Module):
 
 # %% ../nbs/12_inference.ipynb #086ef2e3
 def load_run(run_dir, # a training run's output folder
-             checkpoint: str = "best", # "best" (best.pt when a validation split chose one, else the last) or "last"
+             checkpoint: CheckpointName = "best", # best.pt (when a validation split chose one, else the last) or the last
              device: str = "auto", # auto, cpu, cuda, cuda:1 ...
             ) -> tuple[RunModel, Preprocess, TrainConfig]:
     "The run's network (evaluation mode, on `device`), its evaluation preprocessing and its configuration."
@@ -157,7 +160,7 @@ def embed(model: nn.Module, # a `RunModel` (or any network from images to embedd
 
 # %% ../nbs/12_inference.ipynb #26266644
 def evaluate_run(run_dir, # a training run's output folder
-                 checkpoint: str = "best", # "best" or "last" (see `load_run`)
+                 checkpoint: CheckpointName = "best", # which of the run's checkpoints (see `load_run`)
                  dataset: str|None = None, # evaluate on this registered dataset instead of the run's
                  data_root: str|None = None, # its folder
                  dataset_kwargs: dict|None = None, # its constructor arguments

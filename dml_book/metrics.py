@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, Sequence
+from typing import Iterator, Literal, Sequence, get_args
 import numpy as np
 import torch
 import faiss
@@ -17,9 +17,9 @@ from fastprogress.fastprogress import progress_bar
 from .registry import check_choice
 
 # %% auto #0
-__all__ = ['DISTANCES', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu_available', 'gpu_ids', 'shard_gallery',
-           'search_shards', 'knn_chunks', 'knn', 'first_hit', 'average_precision_at_r', 'same_class_pairs',
-           'count_ahead', 'kmeans_assign', 'contingency', 'nmi', 'pairwise_f1', 'evaluate']
+__all__ = ['Distance', 'DISTANCES', 'Metric', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu_available', 'gpu_ids',
+           'shard_gallery', 'search_shards', 'knn_chunks', 'knn', 'first_hit', 'average_precision_at_r',
+           'same_class_pairs', 'count_ahead', 'kmeans_assign', 'contingency', 'nmi', 'pairwise_f1', 'evaluate']
 
 # %% ../nbs/06_metrics.ipynb #6d030470
 def as_embeddings(x, # (N, D) array or tensor
@@ -46,13 +46,14 @@ def as_labels(y, # (N,) integer labels, array or tensor
     return y.astype(np.int64)
 
 # %% ../nbs/06_metrics.ipynb #25b2df2e
-DISTANCES = ("euclidean", "cosine")
+Distance = Literal["euclidean", "cosine"]   # how embeddings are compared (cosine: of the L2-normalised embeddings)
+DISTANCES = get_args(Distance)
 
-def _check_distance(distance: str):
+def _check_distance(distance: Distance):
     check_choice("distance", distance, DISTANCES)
 
 def prepare(x: np.ndarray, # (N, D) float32 embeddings
-            distance: str, # "euclidean" or "cosine"
+            distance: Distance, # how they are compared
            ) -> np.ndarray:
     "Embeddings as faiss compares them: unchanged for Euclidean, L2-normalised for cosine."
     _check_distance(distance)
@@ -128,7 +129,7 @@ def search_shards(shards: list[tuple[int, object]], # (first gallery row, faiss 
 def knn_chunks(query,                          # (Q, D) query embeddings, tensor or array
                k: int,                         # neighbours per query
                gallery=None,                   # (G, D) gallery; None: the queries themselves, each query excluded
-               distance: str = "euclidean",    # "euclidean" or "cosine", as the model was trained
+               distance: Distance = "euclidean", # as the model was trained
                max_memory: int = 256 * 2**20,  # bytes for one chunk's lists (48 per query and neighbour, 24 (n+1) on n GPUs)
                gpus: str | int | Sequence[int] | None = "all",  # "all" (CPU if none), a count, GPU ids, or None: CPU
                progress: bool | None = None,   # progress bar; None: on when Q x G > 1e9
@@ -161,8 +162,8 @@ def _drop_own(D, I, own):
 def knn(query, # (Q, D) query embeddings
         k: int, # neighbours per query
         gallery=None, # (G, D) gallery embeddings; None: the queries themselves, each excluding itself
-        distance: str = "euclidean", # "euclidean" or "cosine"
-        **kwargs,
+        distance: Distance = "euclidean", # as the model was trained
+        **kwargs, # `knn_chunks`'s: max_memory, gpus, progress
        ) -> tuple[np.ndarray, np.ndarray]:
     "All `(D, I)` of `knn_chunks` stacked: `(Q, k)` distances and gallery indices, nearest first."
     parts = list(knn_chunks(query, k, gallery, distance, **kwargs))
@@ -321,7 +322,8 @@ def _lists(q, g, rows, k, single, shards):
     D, I = search_shards(shards, qs, k + single, faiss.METRIC_L2) if shards else faiss.knn(qs, g, k + single)
     return _drop_own(D, I, rows) if single else (D, I)
 
-METRICS = ("R@K", "NMI", "F1", "MAP@R", "R-Precision")
+Metric = Literal["R@K", "NMI", "F1", "MAP@R", "R-Precision"]   # what `evaluate` can compute
+METRICS = get_args(Metric)
 
 def _retrieval(q, ql, g, gl, ks, metrics, distance, max_memory, gpus, progress,
                first: str = "auto",  # per chunk, "lists" or "counts" first; "auto": as the last chunk suggests
@@ -386,10 +388,10 @@ def _retrieval(q, ql, g, gl, ks, metrics, distance, max_memory, gpus, progress,
 def evaluate(embeddings,                       # (N, D) test embeddings (the queries), tensor or array
              labels,                           # (N,) integer class labels
              ks: Sequence[int] = (1, 2, 4, 8), # the K of Recall@K
-             metrics: Sequence[str] = METRICS, # which of "R@K", "NMI", "F1", "MAP@R", "R-Precision"
+             metrics: Sequence[Metric] = METRICS, # which of them to compute
              gallery=None,                     # (G, D) separate gallery (query/gallery protocol); None: single set
              gallery_labels=None,              # (G,) labels of the gallery
-             distance: str = "euclidean",      # "euclidean" or "cosine", as the model was trained
+             distance: Distance = "euclidean", # as the model was trained
              max_memory: int = 256 * 2**20,    # bytes for one chunk of neighbour lists or of key blocks
              kmeans_niter: int = 20,           # k-means iterations (NMI, F1)
              kmeans_nredo: int = 1,            # k-means restarts

@@ -7,12 +7,13 @@ Docs: https://dml-book.github.io/dml_book/models.html.md"""
 # %% ../nbs/07_models.ipynb #36c04650
 from __future__ import annotations
 from pathlib import Path
+from typing import Literal, get_args
 import torch, torch.nn as nn, torch.nn.functional as F
 from .registry import check_choice
 
 # %% auto #0
-__all__ = ['BACKBONES', 'EmbeddingHead', 'EmbeddingNet', 'SmallCNN', 'PretrainedWeightsUnavailable', 'torchvision_backbone',
-           'freeze_batchnorm', 'RepeatChannels', 'build_model']
+__all__ = ['BACKBONES', 'Head', 'EmbeddingHead', 'EmbeddingNet', 'SmallCNN', 'PretrainedWeightsUnavailable',
+           'torchvision_backbone', 'freeze_batchnorm', 'RepeatChannels', 'build_model']
 
 # %% ../nbs/07_models.ipynb #7d98494e
 class EmbeddingHead(nn.Module):
@@ -139,17 +140,19 @@ class RepeatChannels(nn.Module):
                ):
         return x.expand(-1, self.n, -1, -1) if x.shape[1] == 1 else x
 
+Head = Literal["linear", "identity"]   # linear: a layer from the features to the embedding; identity: the features are the embedding
+
 def build_model(backbone: str = "smallcnn", # "smallcnn", "resnet18", "resnet50" or "googlenet"
                 embedding_dim: int = 64, # size of the embedding z
                 pretrained: bool = False, # ImageNet weights for torchvision backbones
                 weights_path: str | Path | None = None, # local weights file instead of a download
                 normalize: bool = True, # L2-normalise the embedding
                 in_channels: int = 1, # image channels (1 for the built-in data)
-                head: str = "linear", # "linear", or "identity": the backbone's features are the embedding
+                head: Head = "linear", # a layer on the backbone's features, or none (see `Head`)
                 last_stride: int = 2, # 1: no down-sampling in a ResNet's last stage
                 freeze_bn: bool = False) -> EmbeddingNet: # backbone BatchNorm frozen: running statistics and affine parameters fixed
     "An `EmbeddingNet` with the named backbone and a linear (optionally normalised) head."
-    check_choice("head", head, ("identity", "linear")); check_choice("backbone", backbone, ("smallcnn", *BACKBONES))
+    check_choice("head", head, get_args(Head)); check_choice("backbone", backbone, ("smallcnn", *BACKBONES))
     if backbone == "smallcnn":
         if last_stride != 2: raise ValueError("last_stride applies to ResNet backbones, not smallcnn")
         if freeze_bn: raise ValueError("freeze_bn applies to pretrained torchvision backbones, not smallcnn")

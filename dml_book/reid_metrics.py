@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 from fastprogress.fastprogress import progress_bar
-from .metrics import as_embeddings, as_labels, prepare
+from .metrics import as_embeddings, as_labels, prepare, Distance
 
 # %% auto #0
 __all__ = ['reid_evaluate', 'flip_averaged_features']
@@ -43,7 +43,7 @@ def reid_evaluate(query_feats,                    # (Q, D) query features (flip-
                   gallery_pids,                   # (G,) identities; distractors are ordinary ids (Market: 0)
                   gallery_camids,                 # (G,) camera ids
                   ranks: Sequence[int] = (1, 5, 10),  # the k of CMC@k
-                  distance: str = "euclidean",    # "euclidean" or "cosine", as the model was trained
+                  distance: Distance = "euclidean", # as the model was trained
                   junk_pid: int | None = -1,      # identity of junk images, ignored like same-camera matches
                   max_memory: int = 256 * 2**20,  # bytes for one chunk (80 per query and gallery item)
                   progress: bool | None = None,   # progress bar; None: on when Q x G > 1e8

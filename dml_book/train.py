@@ -8,16 +8,17 @@ Docs: https://dml-book.github.io/dml_book/train.html.md"""
 from __future__ import annotations
 import inspect, json, math, os, platform, random, re, sys, time
 from dataclasses import dataclass, field, asdict, fields, replace
+from typing import get_args
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
 from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
-from .data.core import LabelledSubset, build_split, preprocessing_spec
-from .models import build_model
+from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder
+from .models import build_model, Head
 from .methods.base import Method
 from .samplers import ClassBalancedBatchSampler
 from .checkpoint import write_checkpoint, read_checkpoint
-from .config import ConfigError, check_config
+from .config import ConfigError, check_config, OptimizerName, LRSchedule, LRStepPer, Precision
 from .losses.base import NonFiniteError
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, broadcast_object)
@@ -37,7 +38,7 @@ class TrainConfig:
     transform: str | None = None     # an image pipeline of dml_book.data.transforms (e.g. retrieval227); None: the dataset's own
     backbone: str = "smallcnn"       # smallcnn, resnet18, resnet50 or googlenet
     embedding_dim: int = 64          # size of the embedding
-    head: str = "linear"             # linear: a layer from the features to the embedding; identity: the features are the embedding
+    head: Head = "linear"            # linear: a layer from the features to the embedding; identity: the features are the embedding
     last_stride: int = 2             # 1: no down-sampling in a ResNet's last stage (re-identification, DMML)
     freeze_bn: bool = False          # freeze the backbone's BatchNorm: statistics and affine parameters stay as loaded
     normalize: bool = True           # L2-normalise embeddings
@@ -55,12 +56,12 @@ class TrainConfig:
     lr_backbone: float = 1e-3        # learning rate of the backbone
     lr_head: float = 1e-3            # learning rate of the head, the loss's and the method's parameters
     weight_decay: float = 1e-4       # the optimiser's weight decay
-    optimizer: str = "auto"          # adam or sgd; auto: the method's own choice (ALA: sgd, its eqs. 10 and 13), else adam
-    lr_schedule: str = "constant"    # constant, step, multistep or exponential (torch.optim.lr_scheduler) on the main optimiser
+    optimizer: OptimizerName = "auto" # auto: the method's own choice (ALA: sgd, its eqs. 10 and 13), else adam
+    lr_schedule: LRSchedule = "constant" # a torch.optim.lr_scheduler on the main optimiser (constant: none)
     lr_step_size: int = 1            # step: decay every this many scheduler steps
     lr_milestones: tuple = ()        # multistep: the scheduler steps at which to decay
     lr_gamma: float = 0.1            # step, multistep, exponential: factor applied at each decay
-    lr_step_per: str = "epoch"       # step the schedule once per "epoch" or per "iteration"
+    lr_step_per: LRStepPer = "epoch" # step the schedule once per "epoch" or per "iteration"
     max_steps_per_epoch: int | None = None  # cap on iterations per epoch (None: the sampler's epoch length)
     eval_every: int = 1              # evaluate on the test split every this many epochs (and after the last)
     val_fraction: float = 0.0        # share of the training classes held out (label-disjoint) to select the epoch; 0: none
@@ -73,10 +74,10 @@ class TrainConfig:
     pin_memory: bool = True          # page-locked batches for faster copies to a CUDA device (no effect on the CPU)
     persistent_workers: bool = False # keep workers alive between epochs (saves their start-up; random augmentation then no longer resumes exactly)
     prefetch_factor: int = 2         # batches each worker prepares ahead (with workers only)
-    decoder: str = "pil"             # image files: pil (PIL decoding and transforms) or torchvision (torchvision.io decoding, tensor transforms)
+    decoder: Decoder = "pil"         # image files: pil (PIL decoding and transforms) or torchvision (torchvision.io decoding, tensor transforms)
     channels_last: bool = False      # model and image batches in channels-last memory order (faster convolutions on GPUs with tensor cores)
     compile: bool = False            # torch.compile the backbone (slow first steps, faster later ones)
-    precision: str = "fp32"          # fp32, bf16 or fp16: the forward pass under torch.autocast (fp16 with a gradient scaler); losses stay fp32
+    precision: Precision = "fp32"    # the forward pass under torch.autocast (fp16 with a gradient scaler); losses stay fp32
     progress: bool = False           # show progress bars
     umap: bool = False               # save a UMAP figure of the final test embedding
 
@@ -116,21 +117,21 @@ def build_optimizer(cfg: TrainConfig, # the run's configuration
                    ) -> torch.optim.Optimizer:
     "The run's optimiser over `groups`: `cfg.optimizer`, or for `auto` the method's `optimizer_name` (else Adam)."
     name = cfg.optimizer if cfg.optimizer != "auto" else getattr(method, "optimizer_name", "adam")
-    check_choice("optimizer", name, ("adam", "sgd"), ConfigError)
+    check_choice("optimizer", name, [o for o in get_args(OptimizerName) if o != "auto"], ConfigError)
     if name == "sgd": return torch.optim.SGD(groups, lr=cfg.lr_head, weight_decay=cfg.weight_decay)
     return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
 
 def _load_registries():
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
 
-_SCHEDULES = ("constant", "step", "multistep", "exponential")
+_SCHEDULES = get_args(LRSchedule)
 
 def build_scheduler(optimizer, # the optimiser to schedule
                     cfg: TrainConfig, # the run's configuration
                    ):
     "The learning-rate schedule `cfg` names over `optimizer` (None for a constant rate)."
     check_choice("lr_schedule", cfg.lr_schedule, _SCHEDULES, ConfigError)
-    if cfg.lr_step_per not in ("epoch", "iteration"): raise ConfigError(f"lr_step_per must be 'epoch' or 'iteration', not {cfg.lr_step_per!r}")
+    check_choice("lr_step_per", cfg.lr_step_per, get_args(LRStepPer), ConfigError)
     S = torch.optim.lr_scheduler
     if cfg.lr_schedule == "step": return S.StepLR(optimizer, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
     if cfg.lr_schedule == "multistep": return S.MultiStepLR(optimizer, milestones=list(cfg.lr_milestones), gamma=cfg.lr_gamma)
@@ -487,9 +488,10 @@ def backward_and_step(self: Trainer, loss: torch.Tensor, # the loss to minimise
     self.step_optimizers(*optimizers)
 
 def precision_view(view, # a `TrainerView` stand-in (a namespace with `device`, `dist` optional)
-                   precision: str = "fp32", # fp32, bf16 or fp16, as `TrainConfig.precision`
+                   precision: Precision = "fp32", # as `TrainConfig.precision`
                   ):
     "Give a stand-in for the trainer (in tests and chapters) the trainer's `autocast`, `scaler`, `backward_and_step`, `step_optimizers`."
+    check_choice("precision", precision, get_args(Precision))
     dtype, dev = _AUTOCAST.get(precision), getattr(view, "device", torch.device("cpu")).type
     view.scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
     view.autocast = lambda: torch.autocast(dev, dtype=dtype) if dtype else contextlib.nullcontext()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np, pandas as pd, torch
 import matplotlib.pyplot as plt
 import seaborn as sns
+from .metrics import Distance
 
 # %% auto #0
 __all__ = ['history_frame', 'plot_learning_curves', 'plot_umap', 'plot_neighbours', 'plot_retrieval_gallery', 'plot_comparison']
@@ -92,7 +93,7 @@ def plot_retrieval_gallery(dataset, # the dataset the embeddings come from (imag
                            n_queries: int = 5, # rows of the gallery
                            k: int = 5, # neighbours per query
                            seed: int = 0, # seed of the query draw
-                           distance: str = "euclidean", # "euclidean" or "cosine"
+                           distance: Distance = "euclidean", # as the model was trained
                           ):
     "Queries (left column) and their `k` nearest neighbours, framed green when the label matches, red when not."
     from dml_book.metrics import knn

@@ -150,7 +150,7 @@ def test_resumed_run_equals_uninterrupted():
 
 
 def test_bad_input_is_named():
-    with pytest.raises(ValueError, match="step must be 'head' or 'all'"): ALA(step="backbone")
+    with pytest.raises(ValueError, match="unknown step 'backbone'; choose from: head, all"): ALA(step="backbone")
     with pytest.raises(ValueError, match="meta_steps must be an integer >= 1"): ALA(meta_steps=0)
     tr = _trainer(); method = _setup(tr)
     with pytest.raises(ValueError, match="n_train \\+ n_val = 12 images"): Trainer.training_step(tr, *(t[:10] for t in _episode()))

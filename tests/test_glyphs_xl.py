@@ -41,6 +41,6 @@ def test_deterministic_and_seeded_per_class(cache, tmp_path):
 
 
 def test_errors(cache):
-    with pytest.raises(ValueError, match="split must be"): GlyphProducts(cache, "val", n_classes=20)
+    with pytest.raises(ValueError, match="unknown split 'val'; choose from: train, test"): GlyphProducts(cache, "val", n_classes=20)
     with pytest.raises(ValueError, match="n_classes must be"): GlyphProducts(cache, "train", n_classes=1)
     with pytest.raises(ValueError, match="min_images <= max_images"): GlyphProducts(cache, "train", n_classes=20, min_images=5, max_images=3)

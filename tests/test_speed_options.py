@@ -70,7 +70,7 @@ def test_workers_give_the_run_of_the_main_process_on_in_memory_data(tmp_path, on
     ("pin_memory", "yes", "pin_memory='yes' is invalid: expected true or false"),
     ("persistent_workers", 1, "persistent_workers=1 is invalid"),
     ("prefetch_factor", 0, "prefetch_factor=0 is invalid: expected a positive integer"),
-    ("decoder", "cv2", "decoder='cv2' is invalid: expected 'pil' or 'torchvision'"),
+    ("decoder", "cv2", "decoder='cv2' is invalid: expected pil or torchvision"),
     ("channels_last", "true", "channels_last='true' is invalid: expected true or false"),
     ("compile", None, "compile=None is invalid: expected true or false"),
 ])

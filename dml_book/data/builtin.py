@@ -8,14 +8,15 @@ Docs: https://dml-book.github.io/dml_book/data.builtin.html.md"""
 from __future__ import annotations
 import hashlib, os, string
 from pathlib import Path
+from typing import Literal, get_args
 import numpy as np, torch, matplotlib
 from matplotlib.ft2font import FT2Font
 from PIL import Image
-from ..registry import DATASETS
+from ..registry import DATASETS, check_choice
 
 # %% auto #0
-__all__ = ['GLYPH_FONTS', 'glyph_alphabet', 'font_path', 'render_glyph', 'cache_dir', 'render_glyphs', 'cached_glyphs',
-           'InMemoryImages', 'Glyphs', 'Digits']
+__all__ = ['GLYPH_FONTS', 'BuiltinSplit', 'glyph_alphabet', 'font_path', 'render_glyph', 'cache_dir', 'render_glyphs',
+           'cached_glyphs', 'InMemoryImages', 'Glyphs', 'Digits']
 
 # %% ../../nbs/01_data.builtin.ipynb #d6489fec
 _HOMOGLYPHS = set("ΑΒΕΖΗΙΚΜΝΟΡΤΥΧο" "АВЕКМНОРСТХаеорсух" "Ωµ")  # look like a Latin letter or a Greek one
@@ -127,8 +128,10 @@ class InMemoryImages(torch.utils.data.Dataset):
         return None
 
 # %% ../../nbs/01_data.builtin.ipynb #ebc8c456
-def _split_classes(n_classes: int, split: str) -> list[int]:
-    if split not in ("train", "test"): raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+BuiltinSplit = Literal["train", "test"]   # the first half of the classes, or the second
+
+def _split_classes(n_classes: int, split: BuiltinSplit) -> list[int]:
+    check_choice("split", split, get_args(BuiltinSplit))
     half = n_classes // 2
     return list(range(half)) if split == "train" else list(range(half, n_classes))
 
@@ -137,7 +140,7 @@ def _split_classes(n_classes: int, split: str) -> list[int]:
 class Glyphs(InMemoryImages):
     "Characters rendered in matplotlib's fonts; first half of the classes train, second half test."
     def __init__(self, root: str | Path | None = None, # cache folder (default: `cache_dir()`)
-                 split: str = "train", # "train" or "test"
+                 split: BuiltinSplit = "train", # the first half of the classes, or the second
                  transform=None, # applied to each (1, size, size) float tensor
                  download: bool = False, # accepted for a uniform interface; nothing to download
                  seed: int = 0, # seed of the affine jitter
@@ -153,7 +156,7 @@ class Digits(InMemoryImages):
     "scikit-learn's bundled 8x8 handwritten digits: classes 0-4 train, 5-9 test."
     batch_defaults = dict(batch_size=20, m_per_class=4)  # 5 training classes: the command line's default batch of 64 cannot be filled
     def __init__(self, root=None, # unused: the data ships with scikit-learn
-                 split: str = "train", # "train" or "test"
+                 split: BuiltinSplit = "train", # classes 0-4 or 5-9
                  transform=None, # applied to each (1, 8, 8) float tensor
                  download: bool = False): # accepted for a uniform interface
         from sklearn.datasets import load_digits

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect, os
 from collections import defaultdict
 from pathlib import Path
+from typing import Literal
 import numpy as np
 from PIL import Image
 import torch
@@ -19,8 +20,8 @@ from .transforms import get_transform
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DECODERS', 'DatasetNotFoundError', 'ImageReadError', 'load_image', 'load_tensor', 'find_root', 'check_files',
-           'ImageFileDataset', 'LabelledSubset', 'build_split', 'preprocessing_spec']
+__all__ = ['Decoder', 'DECODERS', 'EvalProtocol', 'DatasetNotFoundError', 'ImageReadError', 'load_image', 'load_tensor',
+           'find_root', 'check_files', 'ImageFileDataset', 'LabelledSubset', 'build_split', 'preprocessing_spec']
 
 # %% ../../nbs/01d_data.core.ipynb #87877b07
 class DatasetNotFoundError(FileNotFoundError):
@@ -59,7 +60,8 @@ def load_tensor(path) -> torch.Tensor:
 def _pil_to_tensor(im: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.asarray(im)).permute(2, 0, 1).contiguous()
 
-DECODERS = {"pil": load_image, "torchvision": load_tensor}   # TrainConfig.decoder: how image files are read
+Decoder = Literal["pil", "torchvision"]   # how image files are read (`TrainConfig.decoder`): PIL, or torchvision.io to tensors
+DECODERS = {"pil": load_image, "torchvision": load_tensor}   # a reader for each `Decoder`
 
 # %% ../../nbs/01d_data.core.ipynb #b909dcf4
 def find_root(root, # the folder given by the user
@@ -91,9 +93,11 @@ def check_files(paths: list[Path], # image files an index lists
                                    f"incomplete ({len(missing)} of {len(paths)} images missing); the layout is:\n{layout}")
 
 # %% ../../nbs/01d_data.core.ipynb #18f2427d
+EvalProtocol = Literal["retrieval", "reid"]   # how a dataset's test split is evaluated: Recall@K on one set, or query against gallery
+
 class ImageFileDataset(Dataset):
     "Images on disk with contiguous labels: the shared interface of the benchmark datasets."
-    protocol: str = "retrieval"           # "retrieval" or "reid": how the test split is evaluated
+    protocol: EvalProtocol = "retrieval"  # how the test split is evaluated
     splits: tuple[str, ...] = ("train", "test")
     folders: tuple[str, ...] = ()         # names the dataset folder can have inside `root`
     marker: str = ""                      # a file or folder every complete copy has

@@ -13,7 +13,7 @@ import numpy as np, matplotlib
 from matplotlib.ft2font import FT2Font
 from PIL import Image, ImageFilter
 from ..registry import DATASETS
-from .builtin import GLYPH_FONTS, font_path, cache_dir, InMemoryImages
+from .builtin import GLYPH_FONTS, font_path, cache_dir, InMemoryImages, BuiltinSplit, _split_classes
 
 # %% auto #0
 __all__ = ['font_coverage', 'glyph_ink', 'scan_code_points', 'code_points', 'distort_glyph', 'render_class',
@@ -144,7 +144,7 @@ def render_glyph_products(n_classes: int = 2000, # number of classes (code point
 class GlyphProducts(InMemoryImages):
     "Glyph products: characters as classes, 2-12 distorted images each; first half of the classes train, second half test."
     def __init__(self, root: str | Path | None = None, # cache folder (default: `cache_dir()`)
-                 split: str = "train", # "train" or "test"
+                 split: BuiltinSplit = "train", # the first half of the classes, or the second
                  transform=None, # applied to each (1, size, size) float tensor
                  download: bool = False, # accepted for a uniform interface; nothing to download
                  n_classes: int = 2000, # classes in all, split in half between train and test
@@ -153,9 +153,7 @@ class GlyphProducts(InMemoryImages):
                  strength: float = 1.0, # scale of every distortion range (0: clean, centred glyphs)
                  min_images: int = 2, # fewest images of a class
                  max_images: int = 12): # most images of a class
-        if split not in ("train", "test"): raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+        classes = _split_classes(n_classes, split)   # a bad split fails before anything is rendered
         d = render_glyph_products(n_classes, seed, size, strength, min_images, max_images, root)
-        half = n_classes // 2
-        classes = list(range(half)) if split == "train" else list(range(half, n_classes))
         super().__init__(d["images"], d["labels"], [chr(c) for c in d["cps"]], classes, transform)
         self.code_points = d["cps"][classes]

@@ -6,6 +6,7 @@ Docs: https://dml-book.github.io/dml_book/methods.ala.html.md"""
 
 # %% ../../nbs/20_methods.ala.ipynb #bb1cd8f2
 from __future__ import annotations
+from typing import Literal, get_args
 import numpy as np
 import torch
 import torch.nn as nn
@@ -13,14 +14,15 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.func import functional_call
 from fastcore.basics import patch
-from ..registry import METHODS
+from ..registry import METHODS, check_choice
 from ..distances import all_pairs, all_triplets, check_tuple, to_pairs, to_triplets
 from ..samplers import EpisodeSampler
 from .base import Method, TrainerView
 from ..distributed import broadcast_object
 
 # %% auto #0
-__all__ = ['tuple_embeddings', 'tuple_hardness', 'Assessor', 'one_step', 'weighted_sum', 'meta_objective', 'ALA']
+__all__ = ['StepParameters', 'tuple_embeddings', 'tuple_hardness', 'Assessor', 'one_step', 'weighted_sum', 'meta_objective',
+           'ALA']
 
 # %% ../../nbs/20_methods.ala.ipynb #e74b70d5
 def tuple_embeddings(emb: Tensor, # (B, D) embeddings of the batch
@@ -134,6 +136,8 @@ def _on_any_rank(flag: bool, device) -> bool:
     t = torch.tensor([int(flag)], device=device); dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
+StepParameters = Literal["head", "all"]   # what the differentiable step of eq. (10) updates: the head (cheap) or every parameter
+
 @METHODS.register("ala")
 class ALA(Method):
     "DML-ALA (Zheng et al., CVPR 2020): an LSTM assessor weights the tuples, meta-trained on label-disjoint episodes."
@@ -144,7 +148,7 @@ class ALA(Method):
                  meta_steps: int = 3, # K, assessor updates per iteration
                  assessor_lr: float = 4e-4, # beta, Adam learning rate of the assessor
                  inner_lr: float | None = None, # alpha of eq. (10); default: each parameter's lr in the main optimiser
-                 step: str = "head", # parameters of the differentiable step: "head" (cheap) or "all"
+                 step: StepParameters = "head", # parameters of the differentiable step
                  max_tuples: int = 256, # the tuple budget: tuples per iteration for the assessor and the metric's step
                  hidden_size: int = 64, num_layers: int = 2, # the assessor's LSTM
                  input_scale: float | None = None, # multiplies the assessor's input; None: sqrt(3 hidden_size / arity)
@@ -152,7 +156,7 @@ class ALA(Method):
                  disjoint: bool = True, # False: validation classes drawn from the training subset's (Table 1's "random")
                  seed: int = 0): # seed of the tuple subsampling
         super().__init__()
-        if step not in ("head", "all"): raise ValueError(f"step must be 'head' or 'all', got {step!r}")
+        check_choice("step", step, get_args(StepParameters))
         for name, v, lo in (("n_train", n_train, 2), ("n_val", n_val, 2), ("meta_steps", meta_steps, 1), ("max_tuples", max_tuples, 1)):
             if int(v) != v or v < lo: raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
         self.n_train, self.n_val, self.meta_steps, self.assessor_lr = n_train, n_val, meta_steps, assessor_lr

@@ -7,6 +7,7 @@ Docs: https://dml-book.github.io/dml_book/methods.dcml.html.md"""
 # %% ../../nbs/22_methods.dcml.ipynb #a7f9e37d
 from __future__ import annotations
 import math
+from typing import Literal, get_args
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -17,8 +18,8 @@ from .base import Method, TrainerView
 import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
 
 # %% auto #0
-__all__ = ['Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose', 'rein_loss', 'ensemble_weights', 'FCComposer',
-           'DCML', 'learner_distances']
+__all__ = ['Weighting', 'Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose', 'rein_loss', 'ensemble_weights',
+           'FCComposer', 'DCML', 'learner_distances']
 
 # %% ../../nbs/22_methods.dcml.ipynb #14964b84
 class Learners(nn.Module):
@@ -53,17 +54,19 @@ def sign_ste(a: torch.Tensor, # the pre-activation of eq. (5)
     return th + (torch.where(th >= 0, 1.0, -1.0).to(th) - th).detach()
 
 # %% ../../nbs/22_methods.dcml.ipynb #ea3b9212
+Weighting = Literal["softmax", "relu"]   # the compositor's weights: softmax (eq. 4), or ReLU (Table 2's "Exp -> ReLU")
+
 class Compositor(nn.Module):
     "M compositors h_m: signed weights c_m = t_m * s_m over K learners from the concatenation y (eq. 4-5)."
     def __init__(self, in_features: int, # size of y (K*D)
                  n_learners: int = 4, # K
                  n_compositors: int = 8, # M
                  use_sign: bool = True, # False: c = t, the "without tanh" ablation
-                 weighting: str = "softmax"): # "softmax" (eq. 4) or "relu": Table 2's "Exp -> ReLU"
+                 weighting: Weighting = "softmax"): # how the weights t_m are normalised
         super().__init__()
         if min(in_features, n_learners, n_compositors) < 1:
             raise ValueError(f"in_features, n_learners and n_compositors must be >= 1, got {in_features}, {n_learners}, {n_compositors}")
-        check_choice("weighting", weighting, ("relu", "softmax"))
+        check_choice("weighting", weighting, get_args(Weighting))
         self.n_learners, self.n_compositors, self.use_sign, self.weighting_fn = n_learners, n_compositors, use_sign, weighting
         self.weighting = nn.Parameter(torch.randn(n_compositors, n_learners, in_features))  # W_m, eq. 4
         self.weighting_bias = nn.Parameter(torch.zeros(n_compositors, n_learners))
@@ -149,7 +152,7 @@ class DCML(Method):
                  use_discriminative: bool = True, # False: no discriminative loss on the concatenation
                  use_sign: bool = True, # False: no sign score (c = t)
                  fc_compositor: bool = False, # True: FC layers instead of compositors
-                 compositor_weighting: str = "softmax", # "relu": Table 2's Exp -> ReLU
+                 compositor_weighting: Weighting = "softmax", # relu: Table 2's Exp -> ReLU
                  jt_trains_compositor: bool = True, # False: Table 1's "w/o J_T" (J_T trains the learners only)
                  lr_compositor: float | None = None, # learning rate of the compositors (None: cfg.lr_head)
                  normalize_composites: bool = True): # L2-normalise z_m before the subtask losses (as the sampler measures)

@@ -7,6 +7,7 @@ Docs: https://dml-book.github.io/dml_book/methods.pads.html.md"""
 # %% ../../nbs/23_methods.pads.ipynb #043bbfdc
 from __future__ import annotations
 import math
+from typing import Literal, get_args
 import numpy as np
 import torch
 from torch import nn, Tensor
@@ -18,11 +19,12 @@ from ..registry import METHODS, DATASETS, check_choice
 from ..data.core import LabelledSubset, build_split
 from .base import Method, TrainerView
 from ..distributed import broadcast_object
-from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward
+from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward, PolicyAlgorithm, AdvantageBaseline
 
 # %% auto #0
-__all__ = ['INITS', 'STATE_METRICS', 'bin_index', 'BinnedDistribution', 'sample_triplets', 'DistanceWeighted', 'SemiHard',
-           'DistributionSampler', 'init_probs', 'validation_split', 'class_distances', 'PADS', 'plot_trajectory']
+__all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'bin_index', 'BinnedDistribution', 'sample_triplets',
+           'DistanceWeighted', 'SemiHard', 'DistributionSampler', 'init_probs', 'validation_split', 'class_distances',
+           'PADS', 'plot_trajectory']
 
 # %% ../../nbs/23_methods.pads.ipynb #cc532ebc
 def bin_index(d: Tensor, # distances, any shape
@@ -35,17 +37,19 @@ def bin_index(d: Tensor, # distances, any shape
     return torch.where(inside, k, torch.full_like(k, -1))
 
 # %% ../../nbs/23_methods.pads.ipynb #f1bbf01c
+SamplingRule = Literal["bin", "candidate"]   # bin: a bin with p_k, then a negative in it (the paper); candidate: weight p_k each (official code)
+
 class BinnedDistribution(nn.Module):
     "The PADS negative-sampling distribution: probability $p_k$ on each of K distance bins, 0 outside (Sec. 4.1)."
     def __init__(self, probs: Tensor|None = None, # (K,) nonnegative bin weights (normalised here); uniform if None
                  lambda_min: float = 0.1, # lower end of the support
                  lambda_max: float = 1.4, # upper end of the support
                  n_bins: int = 30, # K, the number of equidistant bins
-                 rule: str = "bin"): # "bin": a bin with p_k, then a negative in it (the paper); "candidate": weight p_k each (official code)
+                 rule: SamplingRule = "bin"): # how p turns into a draw of negatives
         super().__init__()
         if not 0 <= lambda_min < lambda_max: raise ValueError(f"need 0 <= lambda_min < lambda_max, got {lambda_min}, {lambda_max}")
         if n_bins < 1: raise ValueError(f"n_bins must be at least 1, got {n_bins}")
-        check_choice("sampling rule", rule, ("bin", "candidate"))
+        check_choice("sampling rule", rule, get_args(SamplingRule))
         self.rule = rule
         self.register_buffer("edges", torch.linspace(lambda_min, lambda_max, n_bins + 1, dtype=torch.float64))
         self.register_buffer("probs", torch.full((n_bins,), 1 / n_bins, dtype=torch.float64))
@@ -161,9 +165,10 @@ class DistributionSampler(nn.Module):
         return a.to(labels.device), p.to(labels.device), n.to(labels.device)
 
 # %% ../../nbs/23_methods.pads.ipynb #de22bd40
-INITS = ("uniform_low", "normal", "uniform", "distance")
+InitialDistribution = Literal["uniform_low", "normal", "uniform", "distance"]   # p before the policy acts (Table 5c)
+INITS = get_args(InitialDistribution)
 
-def init_probs(kind: str, # one of INITS
+def init_probs(kind: InitialDistribution, # which initial distribution
                centers: Tensor, # (K,) bin centres
                dim: int = 128, # embedding dimension (for "distance")
                low: tuple[float, float] = (0.3, 0.7), # the emphasised distances of "uniform_low"
@@ -228,22 +233,22 @@ class PADS(Method):
                  n_bins: int = 30, # K, bins of the distance interval (Sec. 4.1)
                  lambda_min: float = 0.1, # lower end of the binned distances
                  lambda_max: float = 1.4, # upper end of the binned distances
-                 init: str = "uniform_low", # initial p: one of INITS
+                 init: InitialDistribution = "uniform_low", # initial p
                  update_every: int = 30, # M, DML iterations between policy steps
                  val_fraction: float = 0.15, # share of the training split held out for the reward
                  val_by_class: bool | None = None, # hold out whole classes (None: when classes are too small for per class)
                  action_values=ACTION_VALUES, # factors an action multiplies a bin's probability by
                  hidden=(128, 128), # widths of the policy's hidden layers
                  policy_lr: float = 0.01, # learning rate of the policy
-                 algorithm: str = "ppo", # policy update: "ppo" or "reinforce"
-                 baseline: str = "a2c", # advantage baseline: "a2c" (a critic) or "ema" (a moving average)
+                 algorithm: PolicyAlgorithm = "ppo", # the policy update
+                 baseline: AdvantageBaseline = "a2c", # the advantage's baseline: a critic or a moving average
                  clip: float = 0.2, # PPO's clipping range epsilon
                  old_policy_every: int = 5, # policy steps between refreshes of PPO's old policy
                  windows=(2, 8, 16, 32), # lengths of the running averages in the state
                  history: int = 20, # recent metric vectors kept in the training state
                  recall_ks: tuple = (1, 2, 4, 8), # Recall@k of the state (SOP: 1, 10, 100, 1000)
                  self_regularization: bool = True, # merge positives into the negative candidates (end of Sec. 4.2)
-                 sampling_rule: str = "bin", # "bin": the paper's p(I_n|I_a) = p_k; "candidate": the official weighting
+                 sampling_rule: SamplingRule = "bin", # bin: the paper's p(I_n|I_a) = p_k; candidate: the official weighting
                  adapt: bool = True, # False: train with the fixed initial distribution
                  seed: int = 0, # seed of the sampler, the policy's actions and the validation split
                 ):

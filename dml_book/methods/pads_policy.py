@@ -7,6 +7,7 @@ Docs: https://dml-book.github.io/dml_book/methods.pads_policy.html.md"""
 # %% ../../nbs/23a_methods.pads_policy.ipynb #37cf4aab
 from __future__ import annotations
 import copy
+from typing import Literal, get_args
 import torch
 import torch.nn.functional as F
 from torch import nn, Tensor
@@ -14,8 +15,8 @@ from fastcore.basics import patch
 from ..registry import check_choice
 
 # %% auto #0
-__all__ = ['ACTION_VALUES', 'ALGORITHMS', 'BASELINES', 'apply_actions', 'TrainingState', 'PolicyNet', 'log_prob',
-           'sample_actions', 'reward', 'ppo_objective', 'reinforce_objective', 'PolicyLearner']
+__all__ = ['ACTION_VALUES', 'PolicyAlgorithm', 'AdvantageBaseline', 'ALGORITHMS', 'BASELINES', 'apply_actions', 'TrainingState',
+           'PolicyNet', 'log_prob', 'sample_actions', 'reward', 'ppo_objective', 'reinforce_objective', 'PolicyLearner']
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #0fcc4729
 ACTION_VALUES = (0.8, 1.0, 1.25) # {alpha, 1, beta}
@@ -130,7 +131,9 @@ def reinforce_objective(logp: Tensor, # log-probabilities of the taken actions
     return (advantage * logp).mean()
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #21903dd5
-ALGORITHMS, BASELINES = ("ppo", "reinforce"), ("a2c", "ema")
+PolicyAlgorithm = Literal["ppo", "reinforce"]   # the policy update: PPO's clipped ratio, or REINFORCE
+AdvantageBaseline = Literal["a2c", "ema"]   # what the reward is compared with: a critic (A2C), or a moving average
+ALGORITHMS, BASELINES = get_args(PolicyAlgorithm), get_args(AdvantageBaseline)
 
 class PolicyLearner(nn.Module):
     "The PADS agent: a `PolicyNet`, its optimiser, and the PPO or REINFORCE update with an A2C or moving-average baseline."
@@ -140,8 +143,8 @@ class PolicyLearner(nn.Module):
                  action_values=ACTION_VALUES, # factors an action multiplies a bin's probability by
                  hidden=(128, 128), # widths of the hidden layers
                  lr: float = 0.01, # Adam learning rate of the policy
-                 algorithm: str = "ppo", # "ppo" or "reinforce"
-                 baseline: str = "a2c", # "a2c" (critic) or "ema" (moving average of rewards)
+                 algorithm: PolicyAlgorithm = "ppo", # the policy update
+                 baseline: AdvantageBaseline = "a2c", # the advantage's baseline
                  clip: float = 0.2, # PPO ratio clip epsilon
                  old_policy_every: int = 5, # PPO: refresh pi_old every this many updates
                  gamma: float = 0.99, # A2C discount of the bootstrapped value
