@@ -8,13 +8,14 @@ Docs: https://dml-book.github.io/dml_book/distributed.html.md"""
 from __future__ import annotations
 import os
 from dataclasses import dataclass
+from typing import Callable
 import numpy as np, torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 
 # %% auto #0
 __all__ = ['DistContext', 'init_distributed', 'gather_batch', 'average_gradients', 'sync_optimizer', 'broadcast_state', 'shard',
-           'gather_shards', 'broadcast_object', 'end_distributed', 'run_local']
+           'gather_shards', 'broadcast_object', 'end_distributed', 'on_main', 'run_local']
 
 # %% ../nbs/08b_distributed.ipynb #26f0304d
 @dataclass(frozen=True)
@@ -118,6 +119,16 @@ def end_distributed(clean: bool = True, # the command finished normally: wait fo
     if not (dist.is_available() and dist.is_initialized()): return
     if clean: dist.barrier()
     dist.destroy_process_group()
+
+# %% ../nbs/08b_distributed.ipynb #e7b1c2d1
+def on_main(ctx: DistContext, # where this process stands (`Trainer.dist`, `TrainerView.dist`)
+            fn: Callable, # what to compute; called on rank 0 only, its result must pickle
+            *args, # `fn`'s positional arguments
+            **kwargs, # `fn`'s keyword arguments
+           ):
+    "`fn(*args, **kwargs)` computed on rank 0 and broadcast to every rank under torchrun; a plain call in a single process."
+    res = fn(*args, **kwargs) if ctx.is_main else None
+    return broadcast_object(res) if ctx.enabled else res
 
 # %% ../nbs/08b_distributed.ipynb #70ff3fdd
 def _spawn_worker(rank, world, port, fn, args):

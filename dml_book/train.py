@@ -21,7 +21,7 @@ from .checkpoint import write_checkpoint, read_checkpoint
 from .config import ConfigError, check_config, OptimizerName, LRSchedule, LRStepPer, Precision
 from .losses.base import NonFiniteError
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
-                                  gather_shards, broadcast_object)
+                                  gather_shards, on_main)
 
 # %% auto #0
 __all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler', 'Trainer',
@@ -309,13 +309,12 @@ def evaluate(self: Trainer) -> dict:
     from dml_book.reid_metrics import reid_evaluate
     if self.protocol == "reid":
         (q, _), (g, _) = self.embed_dataset(self.query_ds), self.embed_dataset(self.gallery_ds)
-        res = reid_evaluate(q, self.query_ds.pids, self.query_ds.camids, g, self.gallery_ds.pids, self.gallery_ds.camids) \
-              if self.dist.is_main else None
+        res = on_main(self.dist, reid_evaluate, q, self.query_ds.pids, self.query_ds.camids, g, self.gallery_ds.pids, self.gallery_ds.camids)
     else:
         emb, labels = self.embed_dataset(self.test_ds)
         self.last_embedding = (emb, labels)
-        res = evaluate(emb, labels, ks=tuple(self.cfg.ks), gpus=self.faiss_gpus()) if self.dist.is_main else None
-    return broadcast_object(res) if self.dist.enabled else res
+        res = on_main(self.dist, lambda: evaluate(emb, labels, ks=tuple(self.cfg.ks), gpus=self.faiss_gpus()))
+    return res
 
 @patch
 def validate(self: Trainer) -> dict:
@@ -323,9 +322,7 @@ def validate(self: Trainer) -> dict:
     from dml_book.metrics import evaluate
     if self.val_ds is None: return {}
     emb, labels = self.embed_dataset(self.val_ds)
-    res = {f"val_{k}": v for k, v in evaluate(emb, labels, ks=tuple(self.cfg.ks), gpus=self.faiss_gpus()).items()} \
-          if self.dist.is_main else None
-    return broadcast_object(res) if self.dist.enabled else res
+    return on_main(self.dist, lambda: {f"val_{k}": v for k, v in evaluate(emb, labels, ks=tuple(self.cfg.ks), gpus=self.faiss_gpus()).items()})
 
 # %% ../nbs/08_train.ipynb #b933d86f
 def _finite(v):

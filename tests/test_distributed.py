@@ -4,7 +4,8 @@ from pathlib import Path
 from types import SimpleNamespace
 import numpy as np, pytest, torch, torch.nn as nn, torch.nn.functional as F
 import torch.distributed as dist
-from dml_book.distributed import gather_batch, gather_shards, sync_optimizer, broadcast_state, run_local
+from dml_book.distributed import (DistContext, gather_batch, gather_shards, sync_optimizer, broadcast_state, run_local,
+                                  init_distributed, on_main)
 from dml_book.losses import ContrastiveLoss, TripletLoss, ProxyAnchorLoss
 from dml_book.miners import SemiHardMiner, DistanceWeightedMiner
 from dml_book.methods.base import Baseline
@@ -68,6 +69,26 @@ def test_gathered_embeddings_carry_gradient_to_their_own_rank(tmp_path):
         z = torch.arange(12.).reshape(4, 3) + 100 * rank
         torch.testing.assert_close(r["grad"], 2 * (2 * z))   # world_size x dL/dz; None with a plain all_gather
         torch.testing.assert_close(r["labels"], torch.tensor([0] * 4 + [1] * 4))
+
+
+def rank_zero_result(rank: int, out: str):
+    calls = []
+    res = on_main(init_distributed(), lambda x, y: calls.append((x, y)) or {"rank": rank, "sum": x + y}, 3, y=4)
+    torch.save(dict(res=res, calls=calls), f"{out}/on-main-{rank}.pt")
+
+
+def test_on_main_computes_on_rank_zero_and_every_rank_receives_its_result(tmp_path):
+    run_local(rank_zero_result, 2, str(tmp_path))
+    for rank in range(2):
+        r = torch.load(tmp_path/f"on-main-{rank}.pt")
+        assert r["res"] == {"rank": 0, "sum": 7}                   # rank 0's result everywhere
+        assert r["calls"] == ([(3, 4)] if rank == 0 else [])       # computed once, on rank 0
+
+
+def test_on_main_in_one_process_is_a_plain_call():
+    calls = []
+    assert on_main(DistContext(), lambda x, y: calls.append((x, y)) or x * y, 3, y=4) == 12
+    assert calls == [(3, 4)]
 
 
 def sharded_eval(rank: int, out: str):

@@ -18,7 +18,7 @@ from ..metrics import evaluate
 from ..registry import METHODS, DATASETS, check_choice
 from ..data.core import LabelledSubset, build_split
 from .base import Method, TrainerView
-from ..distributed import broadcast_object
+from ..distributed import on_main
 from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward, PolicyAlgorithm, AdvantageBaseline
 
 # %% auto #0
@@ -326,12 +326,11 @@ def after_step(self: PADS, trainer: TrainerView, logs: dict) -> dict:
 def validation_metrics(self: PADS, trainer: TrainerView) -> dict[str, float]:
     "Recall@k (every k of `recall_ks`), NMI and the class distances of the held-out validation images."
     emb, labels = trainer.embed_dataset(self.val_ds)   # sharded and gathered under torchrun
-    if trainer.dist.is_main:
+    def metrics():
         m = evaluate(emb, labels, ks=self.recall_ks, metrics=("R@K", "NMI"), seed=self.seed)
         m["intra"], m["inter"] = class_distances(emb, labels)
-        m = {k: float(m[k]) for k in self.metric_keys}
-    else: m = None
-    return broadcast_object(m)   # rank 0's numbers on every rank: one state, one reward, one policy update
+        return {k: float(m[k]) for k in self.metric_keys}
+    return on_main(trainer.dist, metrics)   # rank 0's numbers on every rank: one state, one reward, one policy update
 
 def _progress(trainer: TrainerView) -> float:
     "The share of the run's iterations done, the last state feature."
