@@ -268,12 +268,14 @@ def experiment_command(args, # the parsed command-line arguments
     print(f"executed notebook: {executed}\nresults: {executed.parent}/")
     return 0
 
-def one_line(message: str) -> str:
+def one_line(message: str, # an error message, perhaps of several lines
+            ) -> str:
     "A multi-line error message (a dataset's layout, say) as one line: lines joined by '; ', or a space after a colon."
     parts = [l.strip() for l in message.splitlines() if l.strip()]
     return "".join(p if i == 0 else (" " if parts[i-1].endswith(":") else "; ") + p for i, p in enumerate(parts))
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None, # the arguments after `dml-book`; None: `sys.argv[1:]`
+        ) -> int:
     "Entry point of the `dml-book` command."
     args = parser().parse_args(argv)
     commands = {"train": train_command, "experiment": experiment_command, "evaluate": evaluate_command,

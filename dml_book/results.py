@@ -152,7 +152,8 @@ def comparison_table(summary: pd.DataFrame, # a `summarize` frame
     return pd.concat([ours, pub.map(lambda v: "—" if pd.isna(v) else f"{v:.1f}")])[[m for m in metrics if m in ours.columns or m in pub.columns]]
 
 # %% ../nbs/11_results.ipynb #4e207797
-def run_dataset(runs: pd.DataFrame) -> str:
+def run_dataset(runs: pd.DataFrame, # `runs_frame` of the runs, with a `dataset` column
+               ) -> str:
     "The one dataset the runs were trained and tested on (`runs_frame`'s `dataset`); runs on several datasets are an error."
     ds = list(dict.fromkeys(runs["dataset"]))
     if len(ds) != 1: raise ValueError(f"runs on {len(ds)} datasets ({', '.join(map(str, ds))}): compare one dataset at a time")
@@ -195,7 +196,8 @@ def line_up(summary: pd.DataFrame, # `summarize` of our runs: variant, metric, m
             published: pd.DataFrame, # `read_published` with `table`, `row`, `role`
             dataset: str, # the runs' dataset (`run_dataset`)
             lineup: dict[str, str], # our variant -> the paper's row it stands for
-            metrics=("R@1",)) -> pd.DataFrame:
+            metrics=("R@1",), # the metrics to line up
+           ) -> pd.DataFrame:
     "One line per variant we ran that stands for a row of the paper on `dataset`: role, both rows, ours (mean ± std, %) and the paper's per metric."
     pub = paper_figures(published, dataset, lineup, metrics)
     ran = set(summary.variant)
@@ -211,7 +213,10 @@ def line_up(summary: pd.DataFrame, # `summarize` of our runs: variant, metric, m
         lines.append(line)
     return pd.DataFrame(lines, columns=cols)
 
-def published_tables(published: pd.DataFrame, lineup: dict[str, str], metrics=None) -> dict[str, pd.DataFrame]:
+def published_tables(published: pd.DataFrame, # `read_published` with `table`, `row`, `role`
+                     lineup: dict[str, str], # our variant -> the paper's row it stands for
+                     metrics=None, # the metrics to show; None: every metric the paper reports
+                    ) -> dict[str, pd.DataFrame]:
     "Per dataset of the paper, the rows our variants stand for and the paper's figures (None: every metric it reports), '—' where not reported."
     out = {}
     for ds in dict.fromkeys(published.dataset):

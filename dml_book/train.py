@@ -223,7 +223,10 @@ def _synchronise(self: Trainer):
         sync_optimizer(opt)
 
 @patch
-def gather(self: Trainer, embeddings, labels):
+def gather(self: Trainer,
+           embeddings: torch.Tensor, # this process's (B, D) embeddings
+           labels: torch.Tensor, # their (B,) labels
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     "The global batch: every process's embeddings (with gradient) and labels; the batch itself in a single process."
     return gather_batch(embeddings, labels) if self.dist.enabled else (embeddings, labels)
 
@@ -250,14 +253,17 @@ def resolve_workers(num_workers: int | str, # a number, or "auto"
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(8, cpus // processes - 1))
 
-def channels_last_collate(batch):
+def channels_last_collate(batch, # a list of (image, label, ...) items
+                         ) -> list:
     "`default_collate`, with a batch of images (N, C, H, W) in channels-last memory order."
     x, *rest = torch.utils.data.default_collate(batch)
     return [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x, *rest]
 
 # %% ../nbs/08_train.ipynb #c3f08a62
 @patch
-def loader_options(self: Trainer, train: bool = True) -> dict:
+def loader_options(self: Trainer,
+                   train: bool = True, # the training loader (random augmentation) rather than an evaluation one
+                  ) -> dict:
     "The DataLoader arguments of this run (workers, pinned memory, prefetching, channels-last batches)."
     cfg = self.cfg
     in_memory = DATASETS.get(cfg.dataset).default_transform(False) is None
@@ -283,7 +289,10 @@ def _hold_out_validation(self: Trainer):
 # %% ../nbs/08_train.ipynb #6c6f9eee
 @patch
 @torch.no_grad()
-def embed_dataset(self: Trainer, ds, batch_size: int = 256) -> tuple[torch.Tensor, np.ndarray]:
+def embed_dataset(self: Trainer,
+                  ds, # a dataset of (image, label) items with `.labels`
+                  batch_size: int = 256, # images per forward pass
+                 ) -> tuple[torch.Tensor, np.ndarray]:
     "Embeddings (on the CPU; under torchrun on rank 0, None elsewhere) and labels of every item of `ds`, in order."
     was_training = self.model.training; self.model.eval(); self.method.eval()
     if self.dist.enabled: broadcast_state(self.model)   # every share embedded with rank 0's batch-norm statistics
@@ -338,7 +347,9 @@ def to_json(obj, # JSON-able data; floats may be NaN or infinite
     return json.dumps(_finite(obj), allow_nan=False, **kw)
 
 @patch
-def log(self: Trainer, record: dict):
+def log(self: Trainer,
+        record: dict, # one line of the log: a step's or an epoch's values
+       ):
     "Append a record to the history and to `log.jsonl`."
     self.history.append(record)
     if not self.dist.is_main: return
@@ -359,7 +370,9 @@ _RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval
              "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile")
 
 @patch
-def load_checkpoint(self: Trainer, path):
+def load_checkpoint(self: Trainer,
+                    path, # a `checkpoint.pt` written by `save_checkpoint`
+                   ):
     "Restore everything `save_checkpoint` wrote; refuse a checkpoint of a different configuration."
     state = read_checkpoint(path, map_location=self.device)
     mine, theirs, default = asdict(self.cfg), state["config"], asdict(TrainConfig())   # a field newer than the checkpoint: its default
@@ -501,13 +514,22 @@ class TrainingDiverged(RuntimeError):
     "A training step produced a NaN or infinite loss or gradient; the last epoch's checkpoint is untouched."
 
 @patch
-def diverged(self: Trainer, epoch, step, losses, why) -> TrainingDiverged:
+def diverged(self: Trainer,
+             epoch: int, # the epoch that diverged
+             step: int, # the step that diverged
+             losses: list, # the epoch's finite losses so far
+             why: str, # what was not finite
+            ) -> TrainingDiverged:
     last = f"{losses[-1]:.6g}" if losses else "none this epoch"
     return TrainingDiverged(f"training diverged at epoch {epoch}, step {step}: {why} (last finite loss: {last}); "
                             f"checkpoint.pt still holds epoch {epoch - 1}")
 
 @patch
-def check_step_finite(self: Trainer, epoch, logs, losses):
+def check_step_finite(self: Trainer,
+                      epoch: int, # the current epoch
+                      logs: dict, # the step's values, "loss" among them
+                      losses: list, # the epoch's finite losses so far
+                     ):
     "Stop the run at the first step whose loss or any gradient is not finite (one fused check)."
     grads = [p.grad for p in self.model.parameters() if p.grad is not None]
     ok = math.isfinite(logs.get("loss", 0.0)) and (not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()))

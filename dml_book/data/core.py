@@ -51,7 +51,8 @@ def _torchvision_decode(path) -> torch.Tensor | None:
         except RuntimeError: return None        # BMP, TIFF, corrupt data ...: PIL decides
     return t if t.dtype == torch.uint8 and t.dim() == 3 else None   # 16-bit PNG, animated GIF: PIL's reading
 
-def load_tensor(path) -> torch.Tensor:
+def load_tensor(path, # an image file
+               ) -> torch.Tensor:
     "The image at `path` as uint8 RGB (3, H, W), decoded by `torchvision.io` where it can; `ImageReadError` naming `path` otherwise."
     if not Path(path).is_file(): return _pil_to_tensor(load_image(path))   # the ImageReadError of a missing file
     t = _torchvision_decode(path)

@@ -35,7 +35,11 @@ def retrieval_transform(train: bool, # training (random) or testing (determinist
     aug = [crop_t, T.RandomHorizontalFlip()] if train else [T.CenterCrop(crop)]
     return T.Compose([T.Resize((resize, resize)), *aug, to_float, T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
-def reid_transform(train: bool, size: tuple[int, int] = (256, 128), erase_p: float = 0.5, tensor: bool = False) -> Callable:
+def reid_transform(train: bool, # the training transform (flip, random erasing) rather than the evaluation one
+                   size: tuple[int, int] = (256, 128), # (height, width) of the output
+                   erase_p: float = 0.5, # probability of random erasing (training only)
+                   tensor: bool = False, # take uint8 tensors (torchvision.io decoding) instead of PIL images
+                  ) -> Callable:
     "Resize to `size` (h, w); flip and random erasing (probability `erase_p`) when training; ImageNet-normalise."
     T, to_float = _steps(tensor)
     pre = [T.Resize(size)] + ([T.RandomHorizontalFlip()] if train else [])

@@ -75,7 +75,9 @@ def masked_reduce(l: Tensor, # losses, 0 where `mask` is False
 class NonFiniteError(ValueError):
     "An embedding with NaN or infinite entries: a loss or miner refuses it rather than return a finite value."
 
-def check_finite(embeddings: Tensor, what: str = "embeddings"):
+def check_finite(embeddings: Tensor, # (B, D) the batch to check
+                 what: str = "embeddings", # what the error calls it
+                ):
     """One reduction over the batch (a sum is finite unless an entry is NaN or infinite, or it overflows, which the full
     check then clears); the error names the first bad row."""
     if not torch.isfinite(embeddings.detach().sum()) and not torch.isfinite(embeddings).all():

@@ -57,7 +57,10 @@ class Assessor(nn.Module):
         self.fc = nn.Linear(hidden_size, 1)
         self.input_scale = float(input_scale)
 
-    def logits(self, tuples: Tensor, state=None):
+    def logits(self,
+               tuples: Tensor, # (T, input_size) the tuples' features, one LSTM step each
+               state=None, # the LSTM state to start from; None: zeros
+              ):
         "The fully connected layer's outputs `(T,)` before centring, and the LSTM state after the last tuple."
         if tuples.ndim != 2 or tuples.shape[1] != self.lstm.input_size:
             raise ValueError(f"the assessor takes (T, {self.lstm.input_size}) tuples, got shape {tuple(tuples.shape)}")
@@ -150,7 +153,8 @@ class ALA(Method):
                  inner_lr: float | None = None, # alpha of eq. (10); default: each parameter's lr in the main optimiser
                  step: StepParameters = "head", # parameters of the differentiable step
                  max_tuples: int = 256, # the tuple budget: tuples per iteration for the assessor and the metric's step
-                 hidden_size: int = 64, num_layers: int = 2, # the assessor's LSTM
+                 hidden_size: int = 64, # units in each layer of the assessor's LSTM
+                 num_layers: int = 2, # layers of the assessor's LSTM
                  input_scale: float | None = None, # multiplies the assessor's input; None: sqrt(3 hidden_size / arity)
                  assess: bool = True, # False: the paper's baseline, same episodes and tuples, every weight 1
                  disjoint: bool = True, # False: validation classes drawn from the training subset's (Table 1's "random")
@@ -280,7 +284,9 @@ def get_extra_state(self: ALA) -> dict:
             "state": self.state, "generator": self.generator.get_state()}
 
 @patch
-def set_extra_state(self: ALA, extra: dict):
+def set_extra_state(self: ALA,
+                    extra: dict, # what `get_extra_state` returned
+                   ):
     "Restore what `get_extra_state` saved."
     if extra["assessor_opt"] is not None: self.assessor_opt.load_state_dict(extra["assessor_opt"])
     self.state = extra["state"]

@@ -29,14 +29,23 @@ class TrainerView(Protocol):
     epoch: int              # the current epoch, counted from 1 (0 before training)
     step: int               # iterations taken so far
     steps_per_epoch: int    # iterations in an epoch (after `setup`)
-    def gather(self, embeddings: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(self,
+               embeddings: torch.Tensor, # this process's (B, D) embeddings
+               labels: torch.Tensor, # their (B,) labels
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         "The global batch under torchrun (each rank's embeddings keep their gradient); the batch itself otherwise."
-    def embed_dataset(self, ds, batch_size: int = 256) -> tuple[torch.Tensor, Any]:
+    def embed_dataset(self,
+                      ds, # a dataset of (image, label) items with `.labels`
+                      batch_size: int = 256, # images per forward pass
+                     ) -> tuple[torch.Tensor, Any]:
         "Test-time embeddings (rank 0 holds them under torchrun) and labels of every item of `ds`."
     scaler: torch.amp.GradScaler # fp16's gradient scaler (disabled otherwise): `scaler.scale(loss)` before a backward of one's own
     def autocast(self):
         "The context for a forward pass in `cfg.precision` (a `custom_step` enters it itself)."
-    def backward_and_step(self, loss: torch.Tensor, *optimizers: torch.optim.Optimizer):
+    def backward_and_step(self,
+                          loss: torch.Tensor, # the scalar to minimise
+                          *optimizers: torch.optim.Optimizer, # the optimisers that step on its gradient
+                         ):
         "zero_grad, backward and step of `optimizers` on `loss`, through the scaler."
     def step_optimizers(self, *optimizers: torch.optim.Optimizer):
         "Step `optimizers` on gradients of `scaler.scale(loss)` (unscaled first), then update the scale."
@@ -47,13 +56,29 @@ class Method(nn.Module):
     presets: dict[str, dict] = {}   # preset name -> TrainConfig overrides (incl. method_kwargs)
     own_loss: str | None = None     # name of the method's own objective (kept as `self.loss`) when it replaces the configured loss
 
-    def setup(self, trainer: TrainerView): "Build own modules and optimisers; may replace `trainer.model.head` or `trainer.train_ds`."
-    def batch_sampler(self, trainer: TrainerView): "A batch sampler over `trainer.train_ds`, or None for class-balanced batches."
+    def setup(self,
+              trainer: TrainerView, # the run, its model and data built, its optimiser not yet
+             ):
+        "Build own modules and optimisers; may replace `trainer.model.head` or `trainer.train_ds`."
+    def batch_sampler(self,
+                      trainer: TrainerView, # the run, after `setup`
+                     ):
+        "A batch sampler over `trainer.train_ds`, or None for class-balanced batches."
     def optimizers(self) -> list[torch.optim.Optimizer]: "The method's own optimisers (the trainer averages their gradients under torchrun)."; return []
-    def end_epoch(self, trainer: TrainerView, epoch: int) -> dict: "Values to log at the end of epoch `epoch`."; return {}
-    def embed(self, trainer: TrainerView, images: torch.Tensor) -> torch.Tensor: "The test-time embedding."; return trainer.model(images)
+    def end_epoch(self,
+                  trainer: TrainerView, # the run
+                  epoch: int, # the epoch that just ended, counted from 1
+                 ) -> dict:
+        "Values to log at the end of epoch `epoch`."; return {}
+    def embed(self,
+              trainer: TrainerView, # the run
+              images: torch.Tensor, # a batch of preprocessed images
+             ) -> torch.Tensor:
+        "The test-time embedding."; return trainer.model(images)
 
-    def param_groups(self, trainer: TrainerView) -> list[dict]:
+    def param_groups(self,
+                     trainer: TrainerView, # the run, after `setup`
+                    ) -> list[dict]:
         "Extra parameter groups for the main optimiser: by default the method's own trainable parameters."
         ps = [p for p in self.parameters() if p.requires_grad]
         return [{"params": ps, "lr": trainer.cfg.lr_head, "name": type(self).__name__}] if ps else []
@@ -85,7 +110,8 @@ def after_step(self: Method, trainer: TrainerView, # the run
 
 @patch
 def custom_step(self: Method, trainer: TrainerView, # the run
-                images: torch.Tensor, labels: torch.Tensor # this process's batch and its labels
+                images: torch.Tensor, # this process's batch of images
+                labels: torch.Tensor, # their labels
                ) -> dict | None: # the iteration's logs, or None: the trainer's step on `batch_loss`
     "The escape hatch for a method that steps optimisers of its own (HDML, ALA): take the whole iteration here."
     return None

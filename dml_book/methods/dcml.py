@@ -224,7 +224,11 @@ def composites(self: DCML,
 
 # %% ../../nbs/22_methods.dcml.ipynb #1c7a13e7
 @patch
-def losses(self: DCML, trainer: TrainerView, g: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+def losses(self: DCML,
+           trainer: TrainerView, # the run (its loss, miner and `gather`)
+           g: torch.Tensor, # (B, K, D) this process's sub-embeddings, one per learner
+           labels: torch.Tensor, # (B,) their labels
+          ) -> dict[str, torch.Tensor]:
     "The terms of eq. 8 for sub-embeddings g (B, K, D): 'dis', 'sub' (the J_T), 'rein' (eq. 7) and their weighted sum 'loss'."
     K, D = g.shape[1:]
     g, labels = trainer.gather(g.flatten(1), labels)   # the global batch under torchrun: every term below sees it

@@ -249,7 +249,12 @@ def optimizers(self: HDML) -> list[torch.optim.Optimizer]:
 
 # %% ../../nbs/21_methods.hdml.ipynb #411c62c6
 @patch
-def real_and_synthetic(self: HDML, trainer: TrainerView, z, labels, lam: float):
+def real_and_synthetic(self: HDML,
+                       trainer: TrainerView, # the run (its miner chooses real triplets)
+                       z: torch.Tensor, # (B, D) embeddings of the (global) batch
+                       labels: torch.Tensor, # (B,) their labels
+                       lam: float, # lambda of eq. (4), how far the synthetic negatives are pulled
+                      ):
     "Real tuples, and the generator input, labels and tuples of the synthetic ones."
     if self.mode == "npair":
         a, p = npair_pairs(labels)
@@ -264,7 +269,11 @@ def real_and_synthetic(self: HDML, trainer: TrainerView, z, labels, lam: float):
 
 # %% ../../nbs/21_methods.hdml.ipynb #42aa8354
 @patch
-def objectives(self: HDML, trainer, images, labels) -> dict:
+def objectives(self: HDML,
+               trainer: TrainerView, # the run
+               images: torch.Tensor, # this process's batch of images
+               labels: torch.Tensor, # their labels
+              ) -> dict:
     "J(T), J(T~), J_metric (eq. 11), J_recon, J_soft, J_gen (eq. 9) and the softmax layer's loss on real features."
     lam, w = pulling_lambda(self.j_avg.value, self.pulling_factor), synthesis_weight(self.j_gen_avg.value, self.beta)
     y = trainer.model.backbone(images)
@@ -323,7 +332,9 @@ def get_extra_state(self: HDML) -> dict:
     return s
 
 @patch
-def set_extra_state(self: HDML, state: dict):
+def set_extra_state(self: HDML,
+                    state: dict, # what `get_extra_state` returned
+                   ):
     self.j_avg.load_state_dict(state["j_avg"]); self.j_gen_avg.load_state_dict(state["j_gen_avg"])
     self.rng.set_state(state["rng"])
     if "opt_gen" not in state: return

@@ -301,7 +301,10 @@ def optimizers(self: PADS) -> list[torch.optim.Optimizer]:
 
 # %% ../../nbs/23_methods.pads.ipynb #44c94fc6
 @patch
-def sample(self: PADS, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def sample(self: PADS,
+           embeddings: Tensor, # (B, D) embeddings of the batch
+           labels: Tensor, # (B,) their labels
+          ) -> tuple[Tensor, Tensor, Tensor]:
     "One (a, p, n) triplet per anchor from the current distribution (on the CPU, with the method's generator)."
     a, p, n = sample_triplets(embeddings.detach().cpu(), labels.cpu(), self.distribution, self.self_regularization, self.generator)
     return a.to(labels.device), p.to(labels.device), n.to(labels.device)
@@ -323,7 +326,9 @@ def after_step(self: PADS, trainer: TrainerView, logs: dict) -> dict:
 
 # %% ../../nbs/23_methods.pads.ipynb #0018ca7f
 @patch
-def validation_metrics(self: PADS, trainer: TrainerView) -> dict[str, float]:
+def validation_metrics(self: PADS,
+                       trainer: TrainerView, # the run (its `embed_dataset` and `dist`)
+                      ) -> dict[str, float]:
     "Recall@k (every k of `recall_ks`), NMI and the class distances of the held-out validation images."
     emb, labels = trainer.embed_dataset(self.val_ds)   # sharded and gathered under torchrun
     def metrics():
@@ -338,7 +343,9 @@ def _progress(trainer: TrainerView) -> float:
 
 # %% ../../nbs/23_methods.pads.ipynb #cdb77a32
 @patch
-def policy_step(self: PADS, trainer) -> dict:
+def policy_step(self: PADS,
+                trainer: TrainerView, # the run
+               ) -> dict:
     "Validation metrics -> reward and policy update for the previous action -> new action -> new distribution."
     m = self.validation_metrics(trainer)
     e = m["R@1"] + m["NMI"]  # e of the reward (Sec. 4.2)
@@ -361,7 +368,9 @@ def get_extra_state(self: PADS) -> dict:
     return dict(iteration=self.iteration, e_prev=self.e_prev, s_prev=self.s_prev, a_prev=self.a_prev,
                 generator=self.generator.get_state(), trajectory=list(self.trajectory))
 @patch
-def set_extra_state(self: PADS, state: dict):
+def set_extra_state(self: PADS,
+                    state: dict, # what `get_extra_state` returned
+                   ):
     self.iteration, self.e_prev, self.s_prev, self.a_prev = state["iteration"], state["e_prev"], state["s_prev"], state["a_prev"]
     self.generator.set_state(state["generator"]); self.trajectory = list(state["trajectory"])
 @patch
