@@ -19,7 +19,8 @@ from .registry import check_choice
 # %% auto #0
 __all__ = ['Distance', 'DISTANCES', 'Metric', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu_available', 'gpu_ids',
            'shard_gallery', 'search_shards', 'knn_chunks', 'knn', 'first_hit', 'average_precision_at_r',
-           'same_class_pairs', 'count_ahead', 'kmeans_assign', 'contingency', 'nmi', 'pairwise_f1', 'evaluate']
+           'same_class_pairs', 'count_ahead', 'count_ahead_knn', 'kmeans_assign', 'contingency', 'nmi', 'pairwise_f1',
+           'evaluate']
 
 # %% ../nbs/06_metrics.ipynb #6d030470
 def as_embeddings(x, # (N, D) array or tensor
@@ -227,16 +228,17 @@ def count_ahead(q: torch.Tensor,      # (Q, D) queries, as `prepare` returns the
                 cosine: bool,         # keys for cosine (inner product) rather than Euclidean distance
                 block: int = 1024,    # gallery items per GEMM block
                 gn: torch.Tensor | None = None,  # (G,) squared norms of the gallery, if already at hand
+                each_block=None,      # called as `each_block(keys, b0)` with each block's (Q, b) keys once counted
                ) -> np.ndarray:
     "Per query, the gallery items other than itself ranked before its first same-class item (all of them if none)."
     dev, G = q.device, len(g)
     gn = (g * g).sum(1) if gn is None else gn
     threads = torch.get_num_threads()  # the GEMM's; the bookkeeping runs on one (see below)
     torch.set_num_threads(1)
-    try: return _count_ahead(q, g, ql, gl, own, cosine, block, gn, threads)
+    try: return _count_ahead(q, g, ql, gl, own, cosine, block, gn, threads, each_block)
     finally: torch.set_num_threads(threads)
 
-def _count_ahead(q, g, ql, gl, own, cosine, block, gn, threads):
+def _count_ahead(q, g, ql, gl, own, cosine, block, gn, threads, each_block=None):
     "`count_ahead`'s work, on one thread but for the GEMM, which gets `threads`."
     dev, G = q.device, len(g)
     qi, gj = same_class_pairs(ql, gl)
@@ -265,7 +267,66 @@ def _count_ahead(q, g, ql, gl, own, cosine, block, gn, threads):
         i0, i1 = torch.searchsorted(gj, torch.tensor([b0, b1], device=dev)).tolist()
         a, b = qi[i0:i1], gj[i0:i1]  # class mates (and the query) in this block: not counted
         count -= torch.bincount(a[_ahead(K[a, b - b0], b, dstar[a], jstar[a])], minlength=len(q))
+        if each_block is not None: each_block(K, b0)  # the lists of `count_ahead_knn`, below
     return count.cpu().numpy()
+
+# %% ../nbs/06_metrics.ipynb #5f3c9a02
+_EMPTY = np.int64(0x7F800000 << 32 | 0xFFFFFFFF)  # the packed pair (inf, 2**32 - 1): an empty slot of a list
+
+def _pack(keys: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    "(key, index) pairs as int64 that sort in the pairs' order: the key's float bits made monotone, then the index."
+    b = (keys + np.float32(0)).view(np.int32)  # -0.0 + 0.0 = +0.0: one bit pattern for zero
+    return ((b ^ ((b >> 31) & 0x7FFFFFFF)).astype(np.int64) << 32) | idx
+
+def _unpack(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    "Keys and indices of packed pairs; index -1 for an empty slot."
+    b, i = (p >> 32).astype(np.int32), p & 0xFFFFFFFF
+    return (b ^ ((b >> 31) & 0x7FFFFFFF)).view(np.float32), np.where(i == 0xFFFFFFFF, -1, i)
+
+# %% ../nbs/06_metrics.ipynb #5f3c9a04
+def _merge(best: np.ndarray, rows: np.ndarray, packed: np.ndarray):
+    "Merge the candidates `packed` of queries `rows` (ascending) into their sorted lists `best` (Q, k), in place."
+    k = best.shape[1]
+    start = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])  # each query's first candidate
+    n = np.diff(np.r_[start, len(rows)])
+    m = np.full((len(start), k + n.max()), _EMPTY)  # per query: its list, its candidates, empty slots
+    m[:, :k] = best[rows[start]]
+    m[np.repeat(np.arange(len(start)), n), k + np.arange(len(rows)) - np.repeat(start, n)] = packed
+    best[rows[start]] = np.sort(np.partition(m, k - 1, axis=1)[:, :k], axis=1)
+
+def _keep_nearest(best: np.ndarray, K: np.ndarray, b0: int):
+    "Update the lists `best` (Q, k) of packed pairs with the keys `K` (Q, b) of gallery items b0, b0 + 1, ..."
+    k, b = best.shape[1], K.shape[1]
+    kth = _unpack(best[:, -1])[0][:, None]
+    low = K < kth  # strictly: on an equal key the listed item, of smaller index, stays ahead
+    if b > k and np.isinf(kth).any():  # lists not yet full: at most the block's k smallest keys, ties included
+        low &= K <= np.partition(K, k - 1, axis=1)[:, k - 1:k]
+    rows, cols = np.divmod(np.flatnonzero(low), b)
+    if len(rows): _merge(best, rows, _pack(K[rows, cols], b0 + cols))
+
+# %% ../nbs/06_metrics.ipynb #5f3c9a05
+def count_ahead_knn(q: torch.Tensor,      # (Q, D) queries, as `prepare` returns them
+                    g: torch.Tensor,      # (G, D) gallery, as `prepare` returns it
+                    ql: np.ndarray,       # (Q,) query labels
+                    gl: np.ndarray,       # (G,) gallery labels
+                    own: np.ndarray | None,  # (Q,) each query's own gallery index (single-set protocol), or None
+                    cosine: bool,         # keys for cosine (inner product) rather than Euclidean distance
+                    k: int,               # neighbours per query
+                    block: int = 1024,    # gallery items per GEMM block
+                    gn: torch.Tensor | None = None,  # (G,) squared norms of the gallery, if already at hand
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    "`count_ahead`, and from the same pass each query's `k` nearest gallery items but itself: `(count, D, I)`."
+    best = np.full((len(q), k), _EMPTY)
+    def keep(K, b0):
+        K = K.cpu().numpy()  # on the CPU a view of the block, whose count is done
+        if own is not None:  # the query itself is no neighbour
+            i = np.flatnonzero((own >= b0) & (own < b0 + K.shape[1]))
+            K[i, own[i] - b0] = np.inf
+        _keep_nearest(best, K, b0)
+    count = count_ahead(q, g, ql, gl, own, cosine, block, gn, keep)
+    key, I = _unpack(best)
+    D = -key / 2 if cosine else np.maximum(key + (q * q).sum(1).cpu().numpy()[:, None], 0)
+    return count, D, I
 
 # %% ../nbs/06_metrics.ipynb #fa9b9334
 def kmeans_assign(x,                          # (N, D) points
@@ -324,9 +385,10 @@ def _lists(q, g, rows, k, single, shards):
 
 Metric = Literal["R@K", "NMI", "F1", "MAP@R", "R-Precision"]   # what `evaluate` can compute
 METRICS = get_args(Metric)
+_LISTS_FIRST = 0.75  # "auto" on the CPU: lists first when this share of the last chunk found a class mate in its list
 
 def _retrieval(q, ql, g, gl, ks, metrics, distance, max_memory, gpus, progress,
-               first: str = "auto",  # per chunk, "lists" or "counts" first; "auto": as the last chunk suggests
+               first: str = "auto",  # per chunk, "lists" first, "counts" first or "both" in one pass; "auto": see above
               ) -> dict:
     "Recall@K from first-correct ranks, MAP@R and R-Precision from neighbour lists, one chunk of queries at a time."
     single, cosine = g is None, distance == "cosine"
@@ -340,39 +402,50 @@ def _retrieval(q, ql, g, gl, ks, metrics, distance, max_memory, gpus, progress,
     counting = "R@K" in metrics and ks[-1] > depth  # some K reaches beyond the lists
     shards = shard_gallery(g, faiss.METRIC_L2, gpus) if want_ap and gpus and depth + single <= _GPU_MAX_K else []
     dev = torch.device(f"cuda:{gpus[0]}") if gpus and torch.cuda.is_available() else torch.device("cpu")
+    one_pass = dev.type == "cpu" and not shards  # with GPUs faiss' search makes the lists cheap: two steps there
     qt = torch.as_tensor(q, device=dev); gt = qt if single else torch.as_tensor(g, device=dev)
     gn = (gt * gt).sum(1)
     block = int(min(len(g), 1024, max(1, max_memory // 5)))  # a key block: 4 bytes a key, 1 a comparison
-    step = int(max(1, min(len(q), 4096, max_memory // (5 * block),
-                          max_memory // (24 * (max(len(shards), 1) + 1) * (depth + single)) if want_ap else len(q))))
+    per_query = [5 * block] + ([24 * (max(len(shards), 1) + 1) * (depth + single)] if want_ap else [])  # bytes
+    if want_ap and counting and (first == "both" or first == "auto" and one_pass):  # the one pass may run
+        per_query.append(64 * block + 32 * depth)  # a block's keys and candidates at worst, and the lists
+    step = int(max(1, min(len(q), 4096, max_memory // max(per_query))))
+    own = lambda rows: rows if single else None
+    sub = lambda rows: qt[torch.as_tensor(rows, device=dev)]
 
-    def count(rows):
-        return count_ahead(qt[torch.as_tensor(rows, device=dev)], gt, ql[rows], gl, rows if single else None, cosine,
-                           block, gn)
-
-    def from_lists(rows):
-        _, I = _lists(q, g, rows, depth, single, shards)
+    def scores(rows, I):  # first hits, AP@R and R-Precision from the lists I of queries `rows`
         match, ok = gl[I] == ql[rows, None], r[rows] > 0
         ap, rp = np.full(len(rows), np.nan), np.full(len(rows), np.nan)
         if ok.any(): ap[ok], rp[ok] = average_precision_at_r(match[ok], r[rows][ok])
         return first_hit(match), ap, rp
 
+    def from_lists(rows): return scores(rows, _lists(q, g, rows, depth, single, shards)[1])
+    def count(rows): return count_ahead(sub(rows), gt, ql[rows], gl, own(rows), cosine, block, gn)
+    def in_one_pass(rows):
+        n, _, I = count_ahead_knn(sub(rows), gt, ql[rows], gl, own(rows), cosine, depth, block, gn)
+        return n, *scores(rows, I)[1:]
+
     rank, ap, rp = np.zeros(len(q), np.int64), np.zeros(len(q)), np.zeros(len(q))
-    in_lists = 1.0  # share of the last chunk's queries with a same-class item in their list
+    in_lists = 0.0 if one_pass else 1.0  # share of the last chunk's queries with a same-class item in their list
+    missed = np.zeros(0, np.int64)  # queries the lists missed, not yet counted
     starts = range(0, len(q), step)
     show = progress if progress is not None else len(q) * len(g) > 10**9
     for s in (progress_bar(starts, leave=False) if show else starts):
         rows = np.arange(s, min(s + step, len(q)))
-        lists_first = not counting or first == "lists" or (first == "auto" and in_lists >= 0.5)
-        if want_ap and lists_first:  # count only the queries the lists miss
+        how = first if want_ap and counting else "lists" if want_ap else "counts"
+        if how == "auto":
+            how = ("lists" if in_lists >= _LISTS_FIRST else "both") if one_pass else "lists" if in_lists >= 0.5 else "counts"
+        if how == "lists":  # count only the queries the lists miss
             rank[rows], ap[rows], rp[rows] = from_lists(rows)
-            miss = rows[rank[rows] >= depth]
-            if counting and len(miss): rank[miss] = np.maximum(count(miss), depth)
+            if counting: missed = np.r_[missed, rows[rank[rows] >= depth]]
+        elif how == "both": rank[rows], ap[rows], rp[rows] = in_one_pass(rows)
         else:  # counts first; lists only for the queries whose AP@R can be above 0
             rank[rows] = count(rows)
             near = rows[rank[rows] < r[rows]]
             if want_ap and len(near): _, ap[near], rp[near] = from_lists(near)
         in_lists = float((rank[rows] < depth).mean())
+        while len(missed) >= step or len(missed) and rows[-1] == len(q) - 1:  # a chunk's worth: a GEMM wants rows
+            rank[missed[:step]] = np.maximum(count(missed[:step]), depth); missed = missed[step:]
     if (r == 0).any():
         warnings.warn(f"{int((r == 0).sum())} of {len(r)} queries have no item of their class in the gallery: "
                       "they count as misses in Recall@K and are left out of MAP@R and R-Precision")

@@ -10,7 +10,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from dml_book import metrics
 from dml_book.reid_metrics import reid_evaluate, flip_averaged_features
 from dml_book.metrics import (evaluate, knn, knn_chunks, kmeans_assign, nmi, pairwise_f1, gpu_available, gpu_ids,
-                              shard_gallery, search_shards, count_ahead, first_hit, prepare,
+                              shard_gallery, search_shards, count_ahead, count_ahead_knn, first_hit, prepare,
                               average_precision_at_r)
 
 
@@ -208,6 +208,100 @@ def test_evaluate_with_ties_lone_queries_and_small_memory():
         got = evaluate(x, y, ks=(1, 3, 10, 60, 89), metrics=RETRIEVAL, max_memory=300)  # blocks of 60
     assert got == pytest.approx(brute_retrieval(x, y, (1, 3, 10, 60, 89)), abs=1e-12)
     assert got["R@89"] < 1  # the five lone queries miss even with the whole gallery
+
+
+# ---------------------------------------------------------------- counts and lists in one pass
+def our_counts_and_lists(x, y, gx=None, gy=None, distance="euclidean", block=1024, k=12, rows=None):
+    q = torch.as_tensor(prepare(np.asarray(x, np.float32), distance))
+    g = q if gx is None else torch.as_tensor(prepare(np.asarray(gx, np.float32), distance))
+    rows = np.arange(len(x)) if rows is None else rows
+    return count_ahead_knn(q[rows], g, y[rows], y if gx is None else gy, rows if gx is None else None,
+                           distance == "cosine", k, block)
+
+
+@pytest.mark.parametrize("data", ["random", "tied"])
+@pytest.mark.parametrize("distance", ["euclidean", "cosine"])
+@pytest.mark.parametrize("block", [1, 7, 80])  # lists filled across blocks (k = 12) and within one
+def test_count_ahead_knn_equals_brute_force(data, distance, block):
+    rng = np.random.default_rng(30)
+    make = (lambda n: rng.normal(size=(n, 4)).astype(np.float32)) if data == "random" else (lambda n: tied(rng, n, 4, distance))
+    x, y = make(80), rng.integers(0, 26, 80)  # some classes of one image: no class mate
+    gx, gy = make(60), rng.integers(0, 20, 60)  # query classes 20-25 are not in the gallery
+    for g, gl in ((None, None), (gx, gy)):
+        count, d, idx = our_counts_and_lists(x, y, g, gl, distance, block)
+        want_d, want_i = brute_knn(x, 12, g, distance)
+        np.testing.assert_array_equal(idx, want_i)
+        np.testing.assert_allclose(np.sqrt(np.maximum(d, 0)) if distance == "euclidean" else 1 - d, want_d, atol=1e-5)
+        want_rank = brute_rank(x, y, g, gl, distance)
+        assert (want_rank == (79 if g is None else 60)).any()  # lone queries: every item is ahead
+        np.testing.assert_array_equal(count, want_rank)
+        np.testing.assert_array_equal(count, our_rank(x, y, g, gl, distance, block))  # `count_ahead`'s counts
+        hit = (y if g is None else gl)[idx] == y[:, None]
+        np.testing.assert_array_equal(first_hit(hit), np.minimum(count, 12))  # lists and counts agree
+        if g is None:
+            assert not (idx == np.arange(80)[:, None]).any()  # the query itself is no neighbour
+    rows = np.array([5, 79, 0, 42])  # a few queries on their own, in any order
+    count, _, idx = our_counts_and_lists(x, y, distance=distance, block=block, rows=rows)
+    np.testing.assert_array_equal(idx, brute_knn(x, 12, None, distance)[1][rows])
+    np.testing.assert_array_equal(count, brute_rank(x, y, distance=distance)[rows])
+
+
+@pytest.mark.parametrize("n", [60, 160])
+def test_count_ahead_knn_lists_equal_faiss_lists_with_ties(n):
+    "As deep as the gallery: the same neighbours and distances as faiss' L2 search (heap and reservoir), ties included."
+    rng = np.random.default_rng(31)
+    x, y = tied(rng, n, 4, "euclidean"), rng.integers(0, n // 4, n)
+    d, idx = knn(x, n - 1, gpus=None)
+    count, d1, idx1 = our_counts_and_lists(x, y, block=16, k=n - 1)
+    np.testing.assert_array_equal(idx1, idx)
+    np.testing.assert_array_equal(d1, d)  # small integers: exact in float32
+    np.testing.assert_array_equal(count, first_hit(y[idx] == y[:, None]))
+
+
+def test_count_ahead_knn_with_a_class_of_one_and_a_short_gallery():
+    x = np.array([[0.0], [0.1], [0.35], [5.0], [0.22]])
+    y = np.array([0, 0, 1, 1, 2])  # class 2 has one image
+    count, d, idx = our_counts_and_lists(x, y, k=4)
+    np.testing.assert_array_equal(count, [0, 0, 3, 0, 4])  # query 4 has no class mate: all 4 others are ahead
+    np.testing.assert_array_equal(idx[4], [1, 2, 0, 3])
+    np.testing.assert_allclose(d[4], [0.12**2, 0.13**2, 0.22**2, 4.78**2], rtol=1e-5)
+    _, d, idx = our_counts_and_lists(x[:2], y[:2], x[2:], y[2:], k=4)  # a gallery of 3: the 4th slot is empty
+    np.testing.assert_array_equal(idx[:, -1], [-1, -1])
+    assert np.isinf(d[:, -1]).all()
+
+
+@pytest.mark.parametrize("max_memory", [2_000, 256 * 2**20])  # chunks of 1 query / one chunk
+def test_one_pass_retrieval_equals_the_old_implementation_and_brute_force_with_ties(max_memory):
+    rng = np.random.default_rng(22)
+    ks = [1, 2, 5, 20, 100]
+    for distance in ("euclidean", "cosine"):
+        x, y = tied(rng, 150, 4, distance), rng.integers(0, 40, 150)
+        gx, gy = tied(rng, 120, 4, distance), rng.integers(0, 32, 120)
+        for g, gl in ((None, y), (gx, gy)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # lone queries
+                new = metrics._retrieval(x, y, g, gl, ks, RETRIEVAL, distance, max_memory, [], False, "both")
+                assert new == pytest.approx(brute_retrieval(x, y, ks, g, None if g is None else gy, distance), abs=1e-12)
+                if distance == "euclidean":
+                    assert new == retrieval_v1(x, y, g, gl, ks, distance, max_memory)
+
+
+def test_auto_takes_one_pass_for_poor_embeddings_and_lists_for_good_ones(monkeypatch):
+    calls = []
+    for name in ("count_ahead_knn", "_lists"):
+        def spy(*args, _f=getattr(metrics, name), _name=name, **kwargs):
+            calls.append((_name, len(args[2]) if _name == "_lists" else len(args[0])))
+            return _f(*args, **kwargs)
+        monkeypatch.setattr(metrics, name, spy)
+    rng = np.random.default_rng(32)
+    y = np.repeat(np.arange(30), 4)
+    for spread, want in ((0.0, ["count_ahead_knn"] * 4), (10.0, ["count_ahead_knn", "_lists", "_lists", "_lists"])):
+        x = (rng.normal(size=(30, 8))[y] * spread + rng.normal(size=(120, 8))).astype(np.float32)
+        calls.clear()
+        got = metrics._retrieval(x, y, None, y, [1, 10, 50], RETRIEVAL, "euclidean", 300_000, [], False)
+        assert [name for name, _ in calls] == want  # chunks of 38 queries: the first in one pass, then by its hits
+        assert [n for _, n in calls] == [38, 38, 38, 6]
+        assert got == pytest.approx(brute_retrieval(x, y, (1, 10, 50)), abs=1e-12)
 
 
 # ---------------------------------------------------------------- clustering metrics
