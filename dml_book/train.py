@@ -6,12 +6,13 @@ Docs: https://dml-book.github.io/dml_book/train.html.md"""
 
 # %% ../nbs/08_train.ipynb #f717d662
 from __future__ import annotations
-import inspect, json, math, os, platform, random, re, sys, time
+import contextlib, inspect, json, math, os, platform, random, re, sys, time
 from dataclasses import dataclass, field, asdict, fields, replace
 from typing import get_args
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
+from fastcore.basics import patch
 from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
 from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder
 from .models import build_model, Head
@@ -25,10 +26,10 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
 
 # %% auto #0
 __all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler', 'Trainer',
-           'resolve_workers', 'channels_last_collate', 'to_json', 'lock_out', 'precision_view', 'TrainingDiverged',
-           'environment', 'select_epoch', 'train']
+           'resolve_workers', 'channels_last_collate', 'precision_view', 'to_json', 'TrainingDiverged', 'environment',
+           'select_epoch', 'lock_out', 'train']
 
-# %% ../nbs/08_train.ipynb #e4dc60f9
+# %% ../nbs/08_train.ipynb #a4fa698a
 @dataclass
 class TrainConfig:
     "Everything a training run depends on."
@@ -81,7 +82,7 @@ class TrainConfig:
     progress: bool = False           # show progress bars
     umap: bool = False               # save a UMAP figure of the final test embedding
 
-# %% ../nbs/08_train.ipynb #d93a80bc
+# %% ../nbs/08_train.ipynb #806ddefa
 def preset_config(method: str, # a registered method
                   preset: str | None = None, # one of the method's `presets`; None: none
                   **overrides,
@@ -95,7 +96,7 @@ def preset_config(method: str, # a registered method
         cfg = replace(cfg, **copy.deepcopy(presets[preset]))   # a run never shares (or edits) the preset's dicts
     return replace(cfg, **overrides)
 
-# %% ../nbs/08_train.ipynb #6942bfa0
+# %% ../nbs/08_train.ipynb #b905ecf2
 def seed_everything(seed: int, # the run's seed
                     epoch: int = 0, # mixed into the seed, so that each epoch draws afresh
                    ):
@@ -103,6 +104,7 @@ def seed_everything(seed: int, # the run's seed
     s = int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
     random.seed(s); np.random.seed(s); torch.manual_seed(s)
 
+# %% ../nbs/08_train.ipynb #a33d51bd
 def resolve_device(device: str, # "auto", "cpu", "cuda", "cuda:1", ...
                    local_rank: int = 0, # this process's GPU under torchrun
                   ) -> torch.device:
@@ -110,7 +112,7 @@ def resolve_device(device: str, # "auto", "cpu", "cuda", "cuda:1", ...
     if device != "auto": return torch.device(device)
     return torch.device(f"cuda:{local_rank}") if torch.cuda.is_available() else torch.device("cpu")
 
-# %% ../nbs/08_train.ipynb #4b641726
+# %% ../nbs/08_train.ipynb #bafb5789
 def build_optimizer(cfg: TrainConfig, # the run's configuration
                     groups: list[dict], # parameter groups, each with its own `lr`
                     method=None, # the method, asked for its `optimizer_name` under `auto`
@@ -121,9 +123,7 @@ def build_optimizer(cfg: TrainConfig, # the run's configuration
     if name == "sgd": return torch.optim.SGD(groups, lr=cfg.lr_head, weight_decay=cfg.weight_decay)
     return torch.optim.Adam(groups, weight_decay=cfg.weight_decay)
 
-def _load_registries():
-    import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
-
+# %% ../nbs/08_train.ipynb #6f58cde6
 _SCHEDULES = get_args(LRSchedule)
 
 def build_scheduler(optimizer, # the optimiser to schedule
@@ -137,6 +137,10 @@ def build_scheduler(optimizer, # the optimiser to schedule
     if cfg.lr_schedule == "multistep": return S.MultiStepLR(optimizer, milestones=list(cfg.lr_milestones), gamma=cfg.lr_gamma)
     if cfg.lr_schedule == "exponential": return S.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
     return None
+
+# %% ../nbs/08_train.ipynb #8430a01e
+def _load_registries():
+    import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
@@ -159,9 +163,7 @@ class Trainer:
         self._build_sampler()
         self.epoch, self.step, self.history = 0, 0, []
 
-# %% ../nbs/08_train.ipynb #006d2f59
-from fastcore.basics import patch
-
+# %% ../nbs/08_train.ipynb #db3392d3
 @patch
 def _build_data(self: Trainer):
     cfg = self.cfg
@@ -173,6 +175,7 @@ def _build_data(self: Trainer):
     gallery = len(self.gallery_ds) if self.protocol == "reid" else len(self.test_ds) - 1   # a query is not its own neighbour
     if max(cfg.ks) > gallery: raise ConfigError(f"ks={tuple(cfg.ks)}: Recall@{max(cfg.ks)} needs a gallery of at least {max(cfg.ks)} items; this one has {gallery}")
 
+# %% ../nbs/08_train.ipynb #1fcbffcf
 @patch
 def _build_model(self: Trainer):
     cfg = self.cfg
@@ -190,6 +193,7 @@ def _build_model(self: Trainer):
     self.loss_fn = loss_cls(**{"normalize": False, **kw}).to(self.device)
     self.miner = MINERS.get(cfg.miner)(**{"normalize": False, **cfg.miner_kwargs}) if cfg.miner else None
 
+# %% ../nbs/08_train.ipynb #e43de3c6
 @patch
 def _use_method_loss(self: Trainer):
     "The method's own objective as `loss_fn`; a loss, loss arguments or a miner in the configuration would go unused."
@@ -200,7 +204,7 @@ def _use_method_loss(self: Trainer):
                                 f"{', '.join(given)} would be ignored: leave them unset")
     self.loss_fn, self.miner = self.method.loss.to(self.device), None
 
-# %% ../nbs/08_train.ipynb #5284bb9f
+# %% ../nbs/08_train.ipynb #719009ed
 @patch
 def param_groups(self: Trainer) -> list[dict]:
     "Backbone at `lr_backbone`; head and loss parameters at `lr_head` (a learned margin beta: its own rate, no decay); the method's."
@@ -214,6 +218,7 @@ def param_groups(self: Trainer) -> list[dict]:
                        "weight_decay": 0.0, "name": "beta"})
     return [*groups, *self.method.param_groups(self)]
 
+# %% ../nbs/08_train.ipynb #6cc6b1c6
 @patch
 def _synchronise(self: Trainer):
     "Under torchrun: start from rank 0's state; every optimiser (the method's too) averages gradients before stepping."
@@ -230,19 +235,7 @@ def gather(self: Trainer,
     "The global batch: every process's embeddings (with gradient) and labels; the batch itself in a single process."
     return gather_batch(embeddings, labels) if self.dist.enabled else (embeddings, labels)
 
-@patch
-def _build_sampler(self: Trainer):
-    cfg = self.cfg
-    try:
-        self.sampler = self.method.batch_sampler(self) or ClassBalancedBatchSampler(
-            self.train_ds.labels, cfg.batch_size, cfg.m_per_class, seed=cfg.seed)
-    except ValueError as e:
-        n = len(np.unique(self.train_ds.labels))
-        raise ConfigError(f"batch configuration cannot be filled: {e}; set --batch-size and --m-per-class "
-                          f"(batch_size / m_per_class classes per batch, at most {n})") from e
-    self.loader = torch.utils.data.DataLoader(self.train_ds, batch_sampler=self.sampler, **self.loader_options(train=True))
-
-# %% ../nbs/08_train.ipynb #b27e4d51
+# %% ../nbs/08_train.ipynb #e7bae625
 def resolve_workers(num_workers: int | str, # a number, or "auto"
                     device: torch.device, # the run's device
                     in_memory: bool, # the data are tensors in memory (nothing to decode)
@@ -253,13 +246,14 @@ def resolve_workers(num_workers: int | str, # a number, or "auto"
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(8, cpus // processes - 1))
 
+# %% ../nbs/08_train.ipynb #e2202d62
 def channels_last_collate(batch, # a list of (image, label, ...) items
                          ) -> list:
     "`default_collate`, with a batch of images (N, C, H, W) in channels-last memory order."
     x, *rest = torch.utils.data.default_collate(batch)
     return [x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x, *rest]
 
-# %% ../nbs/08_train.ipynb #c3f08a62
+# %% ../nbs/08_train.ipynb #82e07cc4
 @patch
 def loader_options(self: Trainer,
                    train: bool = True, # the training loader (random augmentation) rather than an evaluation one
@@ -273,7 +267,27 @@ def loader_options(self: Trainer,
     if n > 0: kw.update(prefetch_factor=cfg.prefetch_factor, persistent_workers=cfg.persistent_workers and train)
     return kw
 
-# %% ../nbs/08_train.ipynb #c70de671
+# %% ../nbs/08_train.ipynb #0c8ac4b0
+@patch
+def _build_sampler(self: Trainer):
+    cfg = self.cfg
+    try:
+        self.sampler = self.method.batch_sampler(self) or ClassBalancedBatchSampler(
+            self.train_ds.labels, cfg.batch_size, cfg.m_per_class, seed=cfg.seed)
+    except ValueError as e:
+        n = len(np.unique(self.train_ds.labels))
+        raise ConfigError(f"batch configuration cannot be filled: {e}; set --batch-size and --m-per-class "
+                          f"(batch_size / m_per_class classes per batch, at most {n})") from e
+    self.loader = torch.utils.data.DataLoader(self.train_ds, batch_sampler=self.sampler, **self.loader_options(train=True))
+
+# %% ../nbs/08_train.ipynb #eb47f2a3
+@patch(as_prop=True)
+def steps_per_epoch(self: Trainer) -> int:
+    "Iterations in an epoch: the sampler's batches, at most `max_steps_per_epoch`."
+    n = len(self.loader)
+    return n if self.cfg.max_steps_per_epoch is None else min(n, self.cfg.max_steps_per_epoch)
+
+# %% ../nbs/08_train.ipynb #444d02a4
 @patch
 def _hold_out_validation(self: Trainer):
     "Move `val_fraction` of the training classes (at least 2) into `val_ds`, scored without training transforms."
@@ -286,7 +300,7 @@ def _hold_out_validation(self: Trainer):
     self.val_ds = LabelledSubset(build_split(cfg, "train", False), np.flatnonzero(is_val), relabel=True)
     self.train_ds = LabelledSubset(self.train_ds, np.flatnonzero(~is_val), relabel=True)
 
-# %% ../nbs/08_train.ipynb #6c6f9eee
+# %% ../nbs/08_train.ipynb #5bb13455
 @patch
 @torch.no_grad()
 def embed_dataset(self: Trainer,
@@ -304,6 +318,7 @@ def embed_dataset(self: Trainer,
     emb = gather_shards(emb, dst=0)   # under torchrun only rank 0, which computes the metrics, holds them all
     return (emb.cpu() if emb is not None else None), np.asarray(ds.labels)
 
+# %% ../nbs/08_train.ipynb #96bcfb2d
 @patch
 def faiss_gpus(self: Trainer):
     "GPUs for faiss's search: none on a CPU run, this rank's own under torchrun (the others hold their ranks' memory), else all."
@@ -311,6 +326,7 @@ def faiss_gpus(self: Trainer):
     if self.device.type != "cuda" or not gpu_available(): return None   # a CPU build of faiss: its CPU search
     return [self.device.index or 0] if self.dist.enabled else "all"
 
+# %% ../nbs/08_train.ipynb #38df318a
 @patch
 def evaluate(self: Trainer) -> dict:
     "Test metrics of the current model (computed by rank 0 and shared under torchrun)."
@@ -325,6 +341,7 @@ def evaluate(self: Trainer) -> dict:
         res = on_main(self.dist, lambda: evaluate(emb, labels, ks=tuple(self.cfg.ks), gpus=self.faiss_gpus()))
     return res
 
+# %% ../nbs/08_train.ipynb #ad547385
 @patch
 def validate(self: Trainer) -> dict:
     "Metrics on the validation split, prefixed `val_` (empty without one)."
@@ -333,7 +350,77 @@ def validate(self: Trainer) -> dict:
     emb, labels = self.embed_dataset(self.val_ds)
     return on_main(self.dist, lambda: {f"val_{k}": v for k, v in evaluate(emb, labels, ks=tuple(self.cfg.ks), gpus=self.faiss_gpus()).items()})
 
-# %% ../nbs/08_train.ipynb #b933d86f
+# %% ../nbs/08_train.ipynb #537abc74
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+@patch
+def autocast(self: Trainer):
+    "A context for the forward pass: `torch.autocast` to bf16 or fp16 as `cfg.precision` says; nothing for fp32."
+    dtype = _AUTOCAST.get(self.cfg.precision)
+    return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+# %% ../nbs/08_train.ipynb #a2677ab3
+@patch(as_prop=True)
+def scaler(self: Trainer) -> torch.amp.GradScaler:
+    "The run's gradient scaler: enabled for fp16 only (disabled, `scale` returns the loss and `step` steps)."
+    if getattr(self, "_scaler", None) is None:
+        self._scaler = torch.amp.GradScaler(self.device.type, enabled=self.cfg.precision == "fp16")
+    return self._scaler
+
+# %% ../nbs/08_train.ipynb #ff66378a
+@patch
+def step_optimizers(self: Trainer, *optimizers: torch.optim.Optimizer): # optimisers whose gradients came from `scaler.scale(loss)`
+    "Step each optimiser on its unscaled gradients (fp16: skipped when they hold an inf or NaN), then update the scale."
+    s = self.scaler
+    if not s.is_enabled():
+        for o in optimizers: o.step()
+        return
+    if self.dist.enabled:   # average first, so that every rank sees the same overflow and skips the same steps
+        from dml_book.distributed import average_gradients
+        for o in optimizers: average_gradients([p for g in o.param_groups for p in g["params"]])
+    scale = s.get_scale()
+    for o in optimizers: s.step(o)
+    s.update()
+    if s.get_scale() < scale:   # an overflow: the step was skipped; its inf gradients are not a divergence
+        for o in optimizers: o.zero_grad(set_to_none=True)
+
+# %% ../nbs/08_train.ipynb #54a3dc8d
+@patch
+def backward_and_step(self: Trainer, loss: torch.Tensor, # the loss to minimise
+                      *optimizers: torch.optim.Optimizer): # the optimisers to step on its gradients
+    "zero_grad, backward of the scaled `loss`, `step_optimizers`: a plain step in fp32 and bf16, a scaled one in fp16."
+    for o in optimizers: o.zero_grad(set_to_none=True)
+    self.scaler.scale(loss).backward()
+    self.step_optimizers(*optimizers)
+
+# %% ../nbs/08_train.ipynb #b4a9094c
+def precision_view(view, # a `TrainerView` stand-in (a namespace with `device`, `dist` optional)
+                   precision: Precision = "fp32", # as `TrainConfig.precision`
+                  ):
+    "Give a stand-in for the trainer (in tests and chapters) the trainer's `autocast`, `scaler`, `backward_and_step`, `step_optimizers`."
+    check_choice("precision", precision, get_args(Precision))
+    dtype, dev = _AUTOCAST.get(precision), getattr(view, "device", torch.device("cpu")).type
+    view.scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
+    view.autocast = lambda: torch.autocast(dev, dtype=dtype) if dtype else contextlib.nullcontext()
+    view.step_optimizers = lambda *opts: Trainer.step_optimizers(view, *opts)
+    view.backward_and_step = lambda loss, *opts: Trainer.backward_and_step(view, loss, *opts)
+    return view
+
+# %% ../nbs/08_train.ipynb #6c3e4869
+@patch
+def training_step(self: Trainer, images: torch.Tensor, # this process's batch, on `device`
+                  labels: torch.Tensor) -> dict: # its labels
+    "One iteration: the method's `custom_step`, or `batch_loss` under `autocast` and `backward_and_step` of the main optimiser."
+    m = self.method
+    logs = m.custom_step(self, images, labels)   # a custom step takes `autocast` and the scaler itself
+    if logs is None:
+        with self.autocast(): out = m.batch_loss(self, images, labels)
+        out = out if isinstance(out, dict) else {"loss": out}
+        self.backward_and_step(out["loss"], self.optimizer)
+        logs = {k: v.item() if torch.is_tensor(v) else v for k, v in out.items()}
+    return logs | m.after_step(self, logs)
+
+# %% ../nbs/08_train.ipynb #9e429f2f
 def _finite(v):
     if isinstance(v, float) and not math.isfinite(v): return None
     if isinstance(v, dict): return {k: _finite(x) for k, x in v.items()}
@@ -346,6 +433,7 @@ def to_json(obj, # JSON-able data; floats may be NaN or infinite
     "Strict JSON: a NaN or infinite number is written as null, never as a bare `NaN` token."
     return json.dumps(_finite(obj), allow_nan=False, **kw)
 
+# %% ../nbs/08_train.ipynb #e86bb000
 @patch
 def log(self: Trainer,
         record: dict, # one line of the log: a step's or an epoch's values
@@ -355,6 +443,7 @@ def log(self: Trainer,
     if not self.dist.is_main: return
     with open(self.out/"log.jsonl", "a") as f: f.write(to_json(record) + "\n")
 
+# %% ../nbs/08_train.ipynb #383dac17
 @patch
 def save_checkpoint(self: Trainer):
     "Atomically write model, optimiser, loss, method state and history to `checkpoint.pt` (rank 0)."
@@ -365,7 +454,7 @@ def save_checkpoint(self: Trainer):
                  scheduler=self.scheduler.state_dict() if self.scheduler else None, scaler=self.scaler.state_dict())
     write_checkpoint(state, self.out/"checkpoint.pt")
 
-# %% ../nbs/08_train.ipynb #56be333c
+# %% ../nbs/08_train.ipynb #989b1216
 _RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval_every",   # may differ on resume
              "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile")
 
@@ -386,7 +475,103 @@ def load_checkpoint(self: Trainer,
     self.epoch, self.step, self.history = state["epoch"], state["step"], state["history"]
     if self.dist.is_main: (self.out/"log.jsonl").write_text("".join(to_json(r) + "\n" for r in self.history))
 
-# %% ../nbs/08_train.ipynb #cc132ba1
+# %% ../nbs/08_train.ipynb #334cc56b
+class TrainingDiverged(RuntimeError):
+    "A training step produced a NaN or infinite loss or gradient; the last epoch's checkpoint is untouched."
+
+@patch
+def diverged(self: Trainer,
+             epoch: int, # the epoch that diverged
+             step: int, # the step that diverged
+             losses: list, # the epoch's finite losses so far
+             why: str, # what was not finite
+            ) -> TrainingDiverged:
+    last = f"{losses[-1]:.6g}" if losses else "none this epoch"
+    return TrainingDiverged(f"training diverged at epoch {epoch}, step {step}: {why} (last finite loss: {last}); "
+                            f"checkpoint.pt still holds epoch {epoch - 1}")
+
+# %% ../nbs/08_train.ipynb #17ab9f62
+@patch
+def check_step_finite(self: Trainer,
+                      epoch: int, # the current epoch
+                      logs: dict, # the step's values, "loss" among them
+                      losses: list, # the epoch's finite losses so far
+                     ):
+    "Stop the run at the first step whose loss or any gradient is not finite (one fused check)."
+    grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+    ok = math.isfinite(logs.get("loss", 0.0)) and (not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()))
+    if not ok: raise self.diverged(epoch, self.step, losses, "the loss or a gradient is NaN or infinite")
+
+# %% ../nbs/08_train.ipynb #c8ba3ec2
+@patch
+def run_epoch(self: Trainer) -> dict:
+    "One epoch of training; returns the epoch's summary (mean loss, the method's values, test metrics when due)."
+    cfg, e = self.cfg, self.epoch
+    seed_everything(cfg.seed, e); self.sampler.set_epoch(e); self.model.train(); self.method.train()
+    n = self.steps_per_epoch
+    losses, t0 = [], time.perf_counter()
+    batches = progress_bar(self.loader, total=n, leave=False) if cfg.progress else self.loader
+    for i, (x, y) in enumerate(batches):
+        if i >= n: break
+        try: logs = self.training_step(x.to(self.device), y.to(self.device)); self.step += 1
+        except NonFiniteError as err: raise self.diverged(e, self.step + 1, losses, str(err)) from None
+        self.check_step_finite(e, logs, losses)
+        if self.scheduler and cfg.lr_step_per == "iteration": self.scheduler.step()
+        if "loss" in logs: losses.append(logs["loss"])
+        if self.step % cfg.log_every == 0: self.log({"epoch": e, "step": self.step, "kind": "step", **logs})
+    if self.scheduler and cfg.lr_step_per == "epoch": self.scheduler.step()
+    rec = {"lr": [g["lr"] for g in self.optimizer.param_groups], "train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
+           **self.method.end_epoch(self, e)}
+    if e % cfg.eval_every == 0 or e == cfg.epochs: rec.update(self.evaluate()); rec.update(self.validate())
+    return rec
+
+# %% ../nbs/08_train.ipynb #03f6604c
+def environment() -> dict:
+    "Versions, device and number of processes of this run."
+    import faiss
+    from importlib.metadata import version   # torchvision's version without importing it (seconds)
+    return dict(python=platform.python_version(), torch=torch.__version__, torchvision=version("torchvision"),
+                faiss=faiss.__version__, numpy=np.__version__, platform=platform.platform(),
+                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                world_size=torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
+
+# %% ../nbs/08_train.ipynb #ab169a6b
+_METRIC = re.compile(r"R@\d+|NMI|F1|MAP@R|R-Precision|mAP|CMC@\d+")  # what `evaluate` and `reid_evaluate` return
+
+def _metrics(rec: dict, prefix: str = "") -> dict:
+    "An epoch record's test metrics (`prefix=''`) or its validation metrics (`'val_'`, prefix removed)."
+    return {k[len(prefix):]: v for k, v in rec.items() if k.startswith(prefix) and _METRIC.fullmatch(k[len(prefix):])}
+
+def select_epoch(epochs: list[dict], # the run's epoch records
+                 key: str = "val_R@1", # the validation metric to maximise
+                ) -> dict | None:
+    "The first epoch record with the highest `key` (None when no record has it)."
+    scored = [r for r in epochs if r.get(key) is not None]
+    return max(scored, key=lambda r: r[key]) if scored else None
+
+# %% ../nbs/08_train.ipynb #7e60f0bb
+@patch
+def keep_if_best(self: Trainer):
+    "Save the model as `best.pt` when the epoch just logged is the best so far on the validation split."
+    epochs = [r for r in self.history if r.get("kind") == "epoch"]
+    if self.val_ds is None or not self.dist.is_main or "val_R@1" not in epochs[-1] or select_epoch(epochs) is not epochs[-1]: return
+    write_checkpoint(dict(epoch=self.epoch, model=self.model.state_dict(), method=self.method.state_dict()), self.out/"best.pt")
+
+# %% ../nbs/08_train.ipynb #f8be7c18
+@patch
+def write_metrics(self: Trainer):
+    "Write `metrics.json`; the final test embedding stays in `last_embedding` for a caller to draw."
+    epochs = [r for r in self.history if r.get("kind") == "epoch"]
+    evaluated = [r for r in epochs if "R@1" in r or "mAP" in r]
+    self.final_metrics = _metrics(evaluated[-1])
+    if not self.dist.is_main: return
+    summary = dict(config=asdict(self.cfg), environment=environment(), untrained=_metrics(epochs[0]),
+                   final=self.final_metrics, epochs=epochs)
+    if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
+        summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
+    (self.out/"metrics.json").write_text(to_json(summary, indent=1))
+
+# %% ../nbs/08_train.ipynb #3821e814
 def _prepare_out(out: Path):
     "Create the output folder, or fail with a one-line reason."
     try:
@@ -399,6 +584,7 @@ def _record_preprocessing(self: Trainer):
     if (self.out/"preprocessing.json").exists(): return
     (self.out/"preprocessing.json").write_text(json.dumps(preprocessing_spec(self.cfg, self.train_ds[0][0])))
 
+# %% ../nbs/08_train.ipynb #39dc76e2
 def lock_out(out: Path, # the run's output folder
             ):
     "Hold an OS lock on `out/.lock` (released when the process dies); a folder in use is a `ConfigError` naming the holder."
@@ -411,6 +597,7 @@ def lock_out(out: Path, # the run's output folder
     f.seek(0); f.truncate(); f.write(str(os.getpid())); f.flush()
     return f
 
+# %% ../nbs/08_train.ipynb #d1aabc33
 @patch
 def fit(self: Trainer) -> dict:
     "Train (resuming from `out/checkpoint.pt` if present), evaluate, and write `metrics.json`; returns the final metrics."
@@ -435,173 +622,7 @@ def fit(self: Trainer) -> dict:
     finally:
         if lock is not None: lock.close()
 
-# %% ../nbs/08_train.ipynb #ff89e3fd
-@patch
-def training_step(self: Trainer, images: torch.Tensor, # this process's batch, on `device`
-                  labels: torch.Tensor) -> dict: # its labels
-    "One iteration: the method's `custom_step`, or `batch_loss` under `autocast` and `backward_and_step` of the main optimiser."
-    m = self.method
-    logs = m.custom_step(self, images, labels)   # a custom step takes `autocast` and the scaler itself
-    if logs is None:
-        with self.autocast(): out = m.batch_loss(self, images, labels)
-        out = out if isinstance(out, dict) else {"loss": out}
-        self.backward_and_step(out["loss"], self.optimizer)
-        logs = {k: v.item() if torch.is_tensor(v) else v for k, v in out.items()}
-    return logs | m.after_step(self, logs)
-
-@patch(as_prop=True)
-def steps_per_epoch(self: Trainer) -> int:
-    "Iterations in an epoch: the sampler's batches, at most `max_steps_per_epoch`."
-    n = len(self.loader)
-    return n if self.cfg.max_steps_per_epoch is None else min(n, self.cfg.max_steps_per_epoch)
-
-# %% ../nbs/08_train.ipynb #8906f9a5
-import contextlib
-_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-@patch
-def autocast(self: Trainer):
-    "A context for the forward pass: `torch.autocast` to bf16 or fp16 as `cfg.precision` says; nothing for fp32."
-    dtype = _AUTOCAST.get(self.cfg.precision)
-    return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
-
-@patch(as_prop=True)
-def scaler(self: Trainer) -> torch.amp.GradScaler:
-    "The run's gradient scaler: enabled for fp16 only (disabled, `scale` returns the loss and `step` steps)."
-    if getattr(self, "_scaler", None) is None:
-        self._scaler = torch.amp.GradScaler(self.device.type, enabled=self.cfg.precision == "fp16")
-    return self._scaler
-
-# %% ../nbs/08_train.ipynb #73c3582c
-@patch
-def step_optimizers(self: Trainer, *optimizers: torch.optim.Optimizer): # optimisers whose gradients came from `scaler.scale(loss)`
-    "Step each optimiser on its unscaled gradients (fp16: skipped when they hold an inf or NaN), then update the scale."
-    s = self.scaler
-    if not s.is_enabled():
-        for o in optimizers: o.step()
-        return
-    if self.dist.enabled:   # average first, so that every rank sees the same overflow and skips the same steps
-        from dml_book.distributed import average_gradients
-        for o in optimizers: average_gradients([p for g in o.param_groups for p in g["params"]])
-    scale = s.get_scale()
-    for o in optimizers: s.step(o)
-    s.update()
-    if s.get_scale() < scale:   # an overflow: the step was skipped; its inf gradients are not a divergence
-        for o in optimizers: o.zero_grad(set_to_none=True)
-
-@patch
-def backward_and_step(self: Trainer, loss: torch.Tensor, # the loss to minimise
-                      *optimizers: torch.optim.Optimizer): # the optimisers to step on its gradients
-    "zero_grad, backward of the scaled `loss`, `step_optimizers`: a plain step in fp32 and bf16, a scaled one in fp16."
-    for o in optimizers: o.zero_grad(set_to_none=True)
-    self.scaler.scale(loss).backward()
-    self.step_optimizers(*optimizers)
-
-def precision_view(view, # a `TrainerView` stand-in (a namespace with `device`, `dist` optional)
-                   precision: Precision = "fp32", # as `TrainConfig.precision`
-                  ):
-    "Give a stand-in for the trainer (in tests and chapters) the trainer's `autocast`, `scaler`, `backward_and_step`, `step_optimizers`."
-    check_choice("precision", precision, get_args(Precision))
-    dtype, dev = _AUTOCAST.get(precision), getattr(view, "device", torch.device("cpu")).type
-    view.scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
-    view.autocast = lambda: torch.autocast(dev, dtype=dtype) if dtype else contextlib.nullcontext()
-    view.step_optimizers = lambda *opts: Trainer.step_optimizers(view, *opts)
-    view.backward_and_step = lambda loss, *opts: Trainer.backward_and_step(view, loss, *opts)
-    return view
-
-# %% ../nbs/08_train.ipynb #8dfe3585
-class TrainingDiverged(RuntimeError):
-    "A training step produced a NaN or infinite loss or gradient; the last epoch's checkpoint is untouched."
-
-@patch
-def diverged(self: Trainer,
-             epoch: int, # the epoch that diverged
-             step: int, # the step that diverged
-             losses: list, # the epoch's finite losses so far
-             why: str, # what was not finite
-            ) -> TrainingDiverged:
-    last = f"{losses[-1]:.6g}" if losses else "none this epoch"
-    return TrainingDiverged(f"training diverged at epoch {epoch}, step {step}: {why} (last finite loss: {last}); "
-                            f"checkpoint.pt still holds epoch {epoch - 1}")
-
-@patch
-def check_step_finite(self: Trainer,
-                      epoch: int, # the current epoch
-                      logs: dict, # the step's values, "loss" among them
-                      losses: list, # the epoch's finite losses so far
-                     ):
-    "Stop the run at the first step whose loss or any gradient is not finite (one fused check)."
-    grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-    ok = math.isfinite(logs.get("loss", 0.0)) and (not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()))
-    if not ok: raise self.diverged(epoch, self.step, losses, "the loss or a gradient is NaN or infinite")
-
-@patch
-def run_epoch(self: Trainer) -> dict:
-    "One epoch of training; returns the epoch's summary (mean loss, the method's values, test metrics when due)."
-    cfg, e = self.cfg, self.epoch
-    seed_everything(cfg.seed, e); self.sampler.set_epoch(e); self.model.train(); self.method.train()
-    n = self.steps_per_epoch
-    losses, t0 = [], time.perf_counter()
-    batches = progress_bar(self.loader, total=n, leave=False) if cfg.progress else self.loader
-    for i, (x, y) in enumerate(batches):
-        if i >= n: break
-        try: logs = self.training_step(x.to(self.device), y.to(self.device)); self.step += 1
-        except NonFiniteError as err: raise self.diverged(e, self.step + 1, losses, str(err)) from None
-        self.check_step_finite(e, logs, losses)
-        if self.scheduler and cfg.lr_step_per == "iteration": self.scheduler.step()
-        if "loss" in logs: losses.append(logs["loss"])
-        if self.step % cfg.log_every == 0: self.log({"epoch": e, "step": self.step, "kind": "step", **logs})
-    if self.scheduler and cfg.lr_step_per == "epoch": self.scheduler.step()
-    rec = {"lr": [g["lr"] for g in self.optimizer.param_groups], "train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
-           **self.method.end_epoch(self, e)}
-    if e % cfg.eval_every == 0 or e == cfg.epochs: rec.update(self.evaluate()); rec.update(self.validate())
-    return rec
-
-# %% ../nbs/08_train.ipynb #556a89f2
-def environment() -> dict:
-    "Versions, device and number of processes of this run."
-    import faiss
-    from importlib.metadata import version   # torchvision's version without importing it (seconds)
-    return dict(python=platform.python_version(), torch=torch.__version__, torchvision=version("torchvision"),
-                faiss=faiss.__version__, numpy=np.__version__, platform=platform.platform(),
-                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-                world_size=torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
-
-_METRIC = re.compile(r"R@\d+|NMI|F1|MAP@R|R-Precision|mAP|CMC@\d+")  # what `evaluate` and `reid_evaluate` return
-
-def _metrics(rec: dict, prefix: str = "") -> dict:
-    "An epoch record's test metrics (`prefix=''`) or its validation metrics (`'val_'`, prefix removed)."
-    return {k[len(prefix):]: v for k, v in rec.items() if k.startswith(prefix) and _METRIC.fullmatch(k[len(prefix):])}
-
-def select_epoch(epochs: list[dict], # the run's epoch records
-                 key: str = "val_R@1", # the validation metric to maximise
-                ) -> dict | None:
-    "The first epoch record with the highest `key` (None when no record has it)."
-    scored = [r for r in epochs if r.get(key) is not None]
-    return max(scored, key=lambda r: r[key]) if scored else None
-
-@patch
-def keep_if_best(self: Trainer):
-    "Save the model as `best.pt` when the epoch just logged is the best so far on the validation split."
-    epochs = [r for r in self.history if r.get("kind") == "epoch"]
-    if self.val_ds is None or not self.dist.is_main or "val_R@1" not in epochs[-1] or select_epoch(epochs) is not epochs[-1]: return
-    write_checkpoint(dict(epoch=self.epoch, model=self.model.state_dict(), method=self.method.state_dict()), self.out/"best.pt")
-
-@patch
-def write_metrics(self: Trainer):
-    "Write `metrics.json`; the final test embedding stays in `last_embedding` for a caller to draw."
-    epochs = [r for r in self.history if r.get("kind") == "epoch"]
-    evaluated = [r for r in epochs if "R@1" in r or "mAP" in r]
-    self.final_metrics = _metrics(evaluated[-1])
-    if not self.dist.is_main: return
-    summary = dict(config=asdict(self.cfg), environment=environment(), untrained=_metrics(epochs[0]),
-                   final=self.final_metrics, epochs=epochs)
-    if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
-        summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
-    (self.out/"metrics.json").write_text(to_json(summary, indent=1))
-
-
-# %% ../nbs/08_train.ipynb #dbd5e93e
+# %% ../nbs/08_train.ipynb #374829be
 def train(cfg: TrainConfig | None = None, # the run; None: `TrainConfig()`
           **overrides,
          ) -> dict:
