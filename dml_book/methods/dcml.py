@@ -168,6 +168,7 @@ class DCML(Method):
         self.subtask_names = [subtasks] if isinstance(subtasks, str) else list(subtasks or [])
         for n in self.subtask_names: LOSSES.get(n)   # unknown names fail here, listing the choices
         self.subtask_losses, self.compositor = nn.ModuleList(), None
+        self.weight_sum, self.weight_count = 0., 0   # |c| summed over the epoch's samples, for `end_epoch`
 
 
 # %% ../../nbs/22_methods.dcml.ipynb #634d36d6
@@ -244,6 +245,7 @@ def losses(self: DCML,
         out["sub"] = sum(self.subtask_losses[m](z[:, m], labels) if len(self.subtask_losses) else
                          configured(z[:, m]) for m in range(self.n_compositors))
         total = total + self.lambda_m * out["sub"]
+    if c is not None: self.weight_sum, self.weight_count = self.weight_sum + c.detach().abs().sum(0), self.weight_count + len(c)
     if self.use_rein and c is not None and self.use_compositor:
         out["rein"] = rein_loss(c); total = total + self.lambda_r * out["rein"]
     out["loss"] = total
@@ -255,6 +257,15 @@ def losses(self: DCML,
 def batch_loss(self: DCML, trainer: TrainerView, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
     "Eq. 8 on the sub-embeddings of the batch (and its terms, to log); the trainer takes one step of the main optimiser."
     return self.losses(trainer, trainer.model.head.sub_embeddings(trainer.model.backbone(images)), labels)
+
+# %% ../../nbs/22_methods.dcml.ipynb #5c8e2f41
+@patch
+def end_epoch(self: DCML, trainer, epoch: int) -> dict:
+    "The compositors' mean weights |c_m^k| over the epoch's training samples, M rows of K (then reset)."
+    if not self.weight_count: return {}
+    w = (self.weight_sum / self.weight_count).cpu()
+    self.weight_sum, self.weight_count = 0., 0
+    return {"compositor_weights": w.tolist()}
 
 # %% ../../nbs/22_methods.dcml.ipynb #e6706978
 DCML.ablations = {"no-compositor": dict(use_compositor=False), "no-rein": dict(use_rein=False),           # Table 1

@@ -20,7 +20,7 @@ from ..samplers import TripletBatchSampler
 # %% auto #0
 __all__ = ['hardness_aware_augment', 'pulling_lambda', 'Generator', 'reconstruction_loss', 'generator_objective',
            'synthesis_weight', 'metric_objective', 'WindowAverage', 'random_triplets', 'npair_pairs',
-           'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML']
+           'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML', 'tuple_distances']
 
 # %% ../../nbs/21_methods.hdml.ipynb #99bfb0dd
 def _check_augment(z, z_neg, d_ref, lam):
@@ -267,6 +267,16 @@ def real_and_synthetic(self: HDML,
     if len(real) == 4: real = to_triplets(real, labels)
     return real, *triplet_synthesis(z, labels, real, lam)
 
+# %% ../../nbs/21_methods.hdml.ipynb #7b1e0c2a
+@torch.no_grad()
+def tuple_distances(z: torch.Tensor, # (N, D) embeddings
+                    tuples, # (a, p, n) indices into z
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    "Mean anchor-positive and anchor-negative distances of `tuples` (a log of their hardness; no gradient, no randomness)."
+    a, p, n = tuples
+    if len(a) == 0: return z.new_tensor(float("nan")), z.new_tensor(float("nan"))
+    return torch.linalg.norm(z[a] - z[p], dim=1).mean(), torch.linalg.norm(z[a] - z[n], dim=1).mean()
+
 # %% ../../nbs/21_methods.hdml.ipynb #42aa8354
 @patch
 def objectives(self: HDML,
@@ -274,7 +284,7 @@ def objectives(self: HDML,
                images: torch.Tensor, # this process's batch of images
                labels: torch.Tensor, # their labels
               ) -> dict:
-    "J(T), J(T~), J_metric (eq. 11), J_recon, J_soft, J_gen (eq. 9) and the softmax layer's loss on real features."
+    "J(T), J(T~), J_metric (eq. 11), J_recon, J_soft, J_gen (eq. 9), the softmax layer's loss on real features, and tuple distances to log."
     lam, w = pulling_lambda(self.j_avg.value, self.pulling_factor), synthesis_weight(self.j_gen_avg.value, self.beta)
     y = trainer.model.backbone(images)
     z, glabels = trainer.gather(trainer.model.head(y), labels)   # the global batch under torchrun (identity otherwise)
@@ -289,8 +299,10 @@ def objectives(self: HDML,
              else trainer.loss_fn(z_syn, l_in, syn))                                             # eq. (12) on T~
     j_recon = reconstruction_loss(y_rec, y)                                                  # eq. (8)
     j_soft = F.cross_entropy(self.classifier(y_syn), l_in) if len(l_in) else y_syn.sum() * 0
+    d_ap, d_an = tuple_distances(z, real)                              # how hard the real tuples are,
+    d_an_hat, d_an_syn = tuple_distances(z_in, syn)[1], tuple_distances(z_syn, syn)[1]   # the synthetic negatives
     return dict(lam=lam, weight=w, j_real=j_real, j_syn=j_syn, j_metric=metric_objective(j_real, j_syn, w),
-                j_recon=j_recon, j_soft=j_soft,
+                j_recon=j_recon, j_soft=j_soft, d_ap=d_ap, d_an=d_an, d_an_hat=d_an_hat, d_an_syn=d_an_syn,
                 j_gen=generator_objective(j_recon, j_soft, self.gen_lambda, self.recon, self.softmax, self.recon_weight),
                 j_ce=F.cross_entropy(self.classifier(y.detach()), labels))
 
