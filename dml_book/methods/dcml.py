@@ -318,7 +318,7 @@ def plot_compositor_weights(epochs, # epoch records of a DCML run (`read_log`) w
     if axs is None: axs = plt.subplots(1, 3, figsize=(11, 3.2), constrained_layout=True, width_ratios=(1, 1, 1.4))[1]
     ep, w = epoch_weights(epochs)
     for ax, i in zip(axs[:2], (0, -1)):
-        im = ax.imshow(w[i], vmin=0, vmax=1, cmap="magma", aspect="auto")
+        im = ax.imshow(w[i].numpy(), vmin=0, vmax=1, cmap="magma", aspect="auto")
         ax.set(title=f"epoch {ep[i]}", xlabel="learner k", ylabel="compositor m", xticks=range(w.shape[2]), yticks=range(w.shape[1]))
     axs[1].figure.colorbar(im, ax=axs[1], label="mean |c|")
     axs[2].plot(ep, w.amax(-1).numpy(), lw=0.8, alpha=0.6); axs[2].plot(ep, w.amax(-1).mean(-1).numpy(), "k.-", label="mean over compositors")

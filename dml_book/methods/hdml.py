@@ -20,7 +20,8 @@ from ..samplers import TripletBatchSampler
 # %% auto #0
 __all__ = ['hardness_aware_augment', 'pulling_lambda', 'Generator', 'reconstruction_loss', 'generator_objective',
            'synthesis_weight', 'metric_objective', 'WindowAverage', 'random_triplets', 'npair_pairs',
-           'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML', 'tuple_distances']
+           'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML', 'tuple_distances', 'plot_hardness',
+           'hardness_sentence']
 
 # %% ../../nbs/21_methods.hdml.ipynb #99bfb0dd
 def _check_augment(z, z_neg, d_ref, lam):
@@ -372,3 +373,29 @@ for _name, _kw in [("no-softmax", dict(softmax=False)), ("no-recon", dict(recon=
     for _loss in ("triplet", "npair"):
         _p = HDML.presets[f"paper-{_loss}"]
         HDML.presets[f"paper-{_loss}-{_name}"] = _p | dict(method_kwargs=_p["method_kwargs"] | _kw)
+
+# %% ../../nbs/21_methods.hdml.ipynb #1e26fda9
+def plot_hardness(steps, # step records of an HDML run (`read_log`): `lam`, `weight`, `d_ap`, `d_an`, `d_an_hat`, `d_an_syn`
+                  axs=None, # two matplotlib axes (a new figure if None)
+                 ):
+    "lambda and the weight of the real tuples every iteration (left); per epoch, the mean distances of positives and of real, augmented and synthetic negatives (right)."
+    import matplotlib.pyplot as plt
+    a, b = axs if axs is not None else plt.subplots(1, 2, figsize=(10, 3.2), constrained_layout=True)[1]
+    a.plot(steps.step, steps.lam, lw=0.8, label="λ (eq. 4)"); a.plot(steps.step, steps.weight, lw=0.8, label="weight of real tuples (eq. 11)")
+    a.set(xlabel="iteration", ylim=(0, 1.02), title="hardness control"); a.legend(fontsize=8)
+    per = steps.groupby("epoch")[["d_ap", "d_an", "d_an_hat", "d_an_syn"]].mean()
+    for k, name, style in (("d_an", "real negative", "C3o-"), ("d_an_hat", "augmented negative (eq. 4)", "C1s--"),
+                           ("d_an_syn", "synthetic negative (generator)", "C4^-"), ("d_ap", "positive", "C0o-")):
+        b.plot(per.index, per[k], style, ms=3, label=name)
+    b.set(xlabel="epoch", ylabel="mean distance to the anchor", ylim=(0, None), title="how hard the tuples are"); b.legend(fontsize=8)
+    return a.figure
+
+# %% ../../nbs/21_methods.hdml.ipynb #618a167e
+def hardness_sentence(steps, # step records of an HDML run (`read_log`)
+                     ) -> str:
+    "lambda in the first and the last epoch, and the last epoch's mean distances of positives and of real, augmented and synthetic negatives."
+    per = steps.groupby("epoch")[["lam", "d_ap", "d_an", "d_an_hat", "d_an_syn"]].mean()
+    f, l, e0, e1 = per.iloc[0], per.iloc[-1], per.index[0], per.index[-1]
+    return (f"λ averages {f.lam:.2f} in epoch {e0} and {l.lam:.2f} in epoch {e1}; in epoch {e1} the synthetic negatives lie at a mean "
+            f"distance of {l.d_an_syn:.2f} from their anchors (the augmented ones of eq. 4 at {l.d_an_hat:.2f}), against "
+            f"{l.d_an:.2f} for the real negatives and {l.d_ap:.2f} for the positives.")
