@@ -388,6 +388,7 @@ def plot_hardness(steps, # step records of an HDML run (`read_log`): `lam`, `wei
                            ("d_an_syn", "synthetic negative (generator)", "C4^-"), ("d_ap", "positive", "C0o-")):
         b.plot(per.index, per[k], style, ms=3, label=name)
     b.set(xlabel="epoch", ylabel="mean distance to the anchor", ylim=(0, None), title="how hard the tuples are"); b.legend(fontsize=8)
+    b.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     return a.figure
 
 # %% ../../nbs/21_methods.hdml.ipynb #618a167e
