@@ -15,7 +15,7 @@ from dml_book.methods.pads import PADS, plot_policy_run, distribution_sentence, 
 from dml_book.methods.dmml import plot_set_distances, set_distance_sentence
 
 RESULTS = Path(__file__).resolve().parents[1]/"results"
-STORED = ("ala", "pads", "hdml", "dcml")   # dmml: copied in once its study ends (then its tests below run too)
+STORED = ("ala", "pads", "hdml", "dcml", "dmml")   # a log not stored (yet) skips its tests
 
 
 def raw(method):
@@ -31,6 +31,7 @@ def epoch_mean(steps, key, epoch): return float(np.mean([r[key] for r in steps i
 
 @pytest.mark.parametrize("method", STORED)
 def test_stored_log_parses_and_matches_metrics(method):
+    raw_epochs = raw(method)[1]
     steps, epochs = reference_run(method, root=RESULTS)
     cfg = study_variants(method)[method]
     assert list(epochs.epoch) == list(range(cfg.epochs + 1)) and len(steps) and steps.kind.eq("step").all()
@@ -44,7 +45,7 @@ def test_stored_log_parses_and_matches_metrics(method):
         assert stored["selected"]["test"]["R@1"] == ref["rerun"]["selected_R@1"]
     assert stored["config"]["method"] == method and stored["config"]["seed"] == 0
     assert len(stored["epochs"]) == len(epochs)
-    for rec, rrec in zip(stored["epochs"], raw(method)[1]):   # the log is the run behind these metrics
+    for rec, rrec in zip(stored["epochs"], raw_epochs):   # the log is the run behind these metrics
         for k, v in rec.items():
             if k != "seconds": assert rrec[k] == v, (method, rec["epoch"], k)
 
