@@ -13,8 +13,9 @@ import numpy as np, pandas as pd
 from .results import runs_frame, reported, load_histories, run_grid
 
 # %% auto #0
-__all__ = ['STUDY_SETTINGS', 'STUDY_SEEDS', 'STUDY_LIMITS', 'study_config', 'drop_checkpoints', 'run_study', 'study_variants',
-           'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'study_report']
+__all__ = ['STUDY_SETTINGS', 'STUDY_SEEDS', 'STUDY_LIMITS', 'REFERENCE_SEED', 'study_config', 'drop_checkpoints', 'run_study',
+           'study_variants', 'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict',
+           'study_report', 'read_log', 'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={"strength": 0.5}, backbone="smallcnn", embedding_dim=64, epochs=20,
@@ -166,3 +167,27 @@ def study_report(method: str, # the method's folder under `results/`
     verdicts = [verdict(frame, v, dataset=dataset) for v in frame.variant.unique() if v != "baseline"]
     timing = json.loads((folder/"study_time.json").read_text()) if (folder/"study_time.json").exists() else {}
     return dict(root=folder, frame=frame, table=study_table(frame), verdicts=verdicts, cpu_seconds=timing.get("cpu_seconds"))
+
+# %% ../nbs/11a_study.ipynb #8c099e41
+def read_log(path, # a run's `log.jsonl`
+            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    "The step records and the epoch records of a run's `log.jsonl`, one row each."
+    import json
+    recs = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    frame = lambda kind: pd.DataFrame([r for r in recs if r.get("kind") == kind]).reset_index(drop=True)
+    return frame("step"), frame("epoch")
+
+# %% ../nbs/11a_study.ipynb #20a0b4c3
+REFERENCE_SEED = 0   # the seed of a study whose run each method's chapter shows
+
+def reference_run(method: str, # the method's study under `results/`; its variant of the same name is shown
+                  root=None, # the results store (default: `results/` beside `nbs/` of this clone)
+                  seed: int = REFERENCE_SEED, # which seed of the study
+                 ) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    "Steps and epochs (`read_log`) of the stored run `results/<method>/<method>/seed<seed>/`; None where its log is not stored."
+    from dml_book.results import experiments_dir, ExperimentError
+    if root is None:
+        try: root = experiments_dir().parent.parent/"results"
+        except ExperimentError: return None
+    path = Path(root)/method/method/f"seed{seed}"/"log.jsonl"
+    return read_log(path) if path.is_file() else None

@@ -22,7 +22,7 @@ from ..distributed import broadcast_object
 
 # %% auto #0
 __all__ = ['StepParameters', 'tuple_embeddings', 'tuple_hardness', 'Assessor', 'one_step', 'weighted_sum', 'meta_objective',
-           'ALA']
+           'ALA', 'plot_assessment', 'assessment_sentence']
 
 # %% ../../nbs/20_methods.ala.ipynb #e74b70d5
 def tuple_embeddings(emb: Tensor, # (B, D) embeddings of the batch
@@ -308,3 +308,31 @@ _losses = {"contrastive": {}, "triplet": dict(squared=True), "margin": {}}   # e
 ALA.presets = {"paper": _paper} | {f"paper-{loss}": _paper | dict(loss=loss, loss_kwargs=kw, backbone="googlenet", pretrained=True,
                                                                    embedding_dim=512, transform="retrieval227")
                                     for loss, kw in _losses.items()}
+
+# %% ../../nbs/20_methods.ala.ipynb #af5b5d93
+def plot_assessment(steps, # step records of an ALA run (`read_log`): `weight_mean`, `weight_std`
+                    epochs, # its epoch records: `weight_hardness_corr`
+                    axs=None, # two matplotlib axes (a new figure if None)
+                   ):
+    "The assessed weights of every iteration, mean ± spread (left), and their correlation with tuple hardness per epoch (right)."
+    import matplotlib.pyplot as plt
+    a, b = axs if axs is not None else plt.subplots(1, 2, figsize=(9, 3), constrained_layout=True)[1]
+    x, m, s = (steps[k].to_numpy(float) for k in ("step", "weight_mean", "weight_std"))
+    a.fill_between(x, m - s, m + s, alpha=0.35, lw=0, label="mean ± std over the tuples"); a.plot(x, m, lw=0.8, label="mean")
+    a.set(xlabel="iteration", ylabel="assessed weight", title="the weights of each iteration"); a.legend(loc="lower left", fontsize=8)
+    e = epochs.dropna(subset=["weight_hardness_corr"])
+    b.bar(e.epoch, e.weight_hardness_corr, color=np.where(e.weight_hardness_corr > 0, "C3", "C0")); b.axhline(0, color="grey", lw=0.8)
+    b.set(xlabel="epoch", ylabel="corr(weight, hardness)", ylim=(-1, 1), title="weight against d(a,p) - d(a,n)")
+    b.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    return a.figure
+
+# %% ../../nbs/20_methods.ala.ipynb #8fccdc26
+def assessment_sentence(steps, # step records of an ALA run (`read_log`)
+                        epochs, # its epoch records
+                       ) -> str:
+    "The weights' spread and their correlation with hardness at the first and the last epoch, in one sentence."
+    spread = steps.groupby("epoch").weight_std.mean()
+    c = epochs.dropna(subset=["weight_hardness_corr"]).set_index("epoch").weight_hardness_corr
+    return (f"The weights' spread within an iteration goes from {spread.iloc[0]:.3f} (mean over epoch {spread.index[0]}) to "
+            f"{spread.iloc[-1]:.3f} (epoch {spread.index[-1]}); their correlation with hardness goes from {c.iloc[0]:+.2f} at "
+            f"epoch {c.index[0]} to {c.iloc[-1]:+.2f} at epoch {c.index[-1]}, and lies between {c.min():+.2f} and {c.max():+.2f} over the run.")

@@ -19,7 +19,7 @@ import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
 
 # %% auto #0
 __all__ = ['Weighting', 'Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose', 'rein_loss', 'ensemble_weights',
-           'FCComposer', 'DCML', 'learner_distances']
+           'FCComposer', 'DCML', 'learner_distances', 'epoch_weights', 'plot_compositor_weights', 'compositor_sentence']
 
 # %% ../../nbs/22_methods.dcml.ipynb #14964b84
 class Learners(nn.Module):
@@ -168,6 +168,7 @@ class DCML(Method):
         self.subtask_names = [subtasks] if isinstance(subtasks, str) else list(subtasks or [])
         for n in self.subtask_names: LOSSES.get(n)   # unknown names fail here, listing the choices
         self.subtask_losses, self.compositor = nn.ModuleList(), None
+        self.weight_sum, self.weight_count = 0., 0   # |c| summed over the epoch's samples, for `end_epoch`
 
 
 # %% ../../nbs/22_methods.dcml.ipynb #634d36d6
@@ -244,6 +245,7 @@ def losses(self: DCML,
         out["sub"] = sum(self.subtask_losses[m](z[:, m], labels) if len(self.subtask_losses) else
                          configured(z[:, m]) for m in range(self.n_compositors))
         total = total + self.lambda_m * out["sub"]
+    if c is not None: self.weight_sum, self.weight_count = self.weight_sum + c.detach().abs().sum(0), self.weight_count + len(c)
     if self.use_rein and c is not None and self.use_compositor:
         out["rein"] = rein_loss(c); total = total + self.lambda_r * out["rein"]
     out["loss"] = total
@@ -255,6 +257,15 @@ def losses(self: DCML,
 def batch_loss(self: DCML, trainer: TrainerView, images: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
     "Eq. 8 on the sub-embeddings of the batch (and its terms, to log); the trainer takes one step of the main optimiser."
     return self.losses(trainer, trainer.model.head.sub_embeddings(trainer.model.backbone(images)), labels)
+
+# %% ../../nbs/22_methods.dcml.ipynb #5c8e2f41
+@patch
+def end_epoch(self: DCML, trainer, epoch: int) -> dict:
+    "The compositors' mean weights |c_m^k| over the epoch's training samples, M rows of K (then reset)."
+    if not self.weight_count: return {}
+    w = (self.weight_sum / self.weight_count).cpu()
+    self.weight_sum, self.weight_count = 0., 0
+    return {"compositor_weights": w.tolist()}
 
 # %% ../../nbs/22_methods.dcml.ipynb #e6706978
 DCML.ablations = {"no-compositor": dict(use_compositor=False), "no-rein": dict(use_rein=False),           # Table 1
@@ -291,3 +302,38 @@ def learner_distances(g: torch.Tensor, # (N, K, D) sub-embeddings of N samples
     d = torch.cdist(g.transpose(0, 1), g.transpose(0, 1))                   # (K, N, N) per-learner distances
     d = d / d.mean(dim=(1, 2), keepdim=True).clamp_min(1e-12)
     return (d[:, None] - d[None]).abs().mean(dim=(2, 3))
+
+# %% ../../nbs/22_methods.dcml.ipynb #8a3c55e7
+def epoch_weights(epochs, # epoch records of a DCML run (`read_log`) with `compositor_weights`
+                 ) -> tuple[list[int], torch.Tensor]:
+    "The epochs that logged compositor weights and the weights, (T, M, K)."
+    e = epochs.dropna(subset=["compositor_weights"])
+    return [int(x) for x in e.epoch], torch.tensor(e.compositor_weights.tolist())
+
+def plot_compositor_weights(epochs, # epoch records of a DCML run (`read_log`) with `compositor_weights`
+                            axs=None, # three matplotlib axes (a new figure if None)
+                           ):
+    "Mean |c_m^k| of each compositor on each learner at the first and the last epoch; each compositor's largest one per epoch."
+    import matplotlib.pyplot as plt
+    if axs is None: axs = plt.subplots(1, 3, figsize=(11, 3.2), constrained_layout=True, width_ratios=(1, 1, 1.4))[1]
+    ep, w = epoch_weights(epochs)
+    for ax, i in zip(axs[:2], (0, -1)):
+        im = ax.imshow(w[i].numpy(), vmin=0, vmax=1, cmap="magma", aspect="auto")
+        ax.set(title=f"epoch {ep[i]}", xlabel="learner k", ylabel="compositor m", xticks=range(w.shape[2]), yticks=range(w.shape[1]))
+    axs[1].figure.colorbar(im, ax=axs[1], label="mean |c|")
+    axs[2].plot(ep, w.amax(-1).numpy(), lw=0.8, alpha=0.6); axs[2].plot(ep, w.amax(-1).mean(-1).numpy(), "k.-", label="mean over compositors")
+    axs[2].axhline(1 / w.shape[2], color="grey", ls="--", lw=0.8, label="even weights, 1/K")
+    axs[2].set(xlabel="epoch", ylabel="max_k mean |c_m^k|", title="each compositor's strongest learner"); axs[2].legend(fontsize=8)
+    axs[2].xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    return axs[0].figure
+
+# %% ../../nbs/22_methods.dcml.ipynb #840376c8
+def compositor_sentence(epochs, # epoch records of a DCML run (`read_log`) with `compositor_weights`
+                       ) -> str:
+    "How much weight the compositors give their strongest learner, first and last epoch, and how many learners lead one."
+    ep, w = epoch_weights(epochs)
+    top = w.amax(-1).mean(-1)
+    lead = sorted(set(w[-1].argmax(-1).tolist()))
+    return (f"On average a compositor gives its strongest learner {top[0]:.2f} of its weight at epoch {ep[0]} and {top[-1]:.2f} at "
+            f"epoch {ep[-1]} (even weights: 1/K = {1 / w.shape[2]:.2f}); at epoch {ep[-1]}, {len(lead)} of the {w.shape[2]} learners "
+            f"(learner{'s' if len(lead) > 1 else ''} {', '.join(map(str, lead))}) lead at least one of the {w.shape[1]} compositors.")

@@ -19,7 +19,7 @@ from .base import Method, TrainerView
 
 # %% auto #0
 __all__ = ['Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss', 'MetaCellLoss',
-           'dmml_lr_factor', 'DMML', 'ClassShare']
+           'dmml_lr_factor', 'DMML', 'ClassShare', 'plot_set_distances', 'set_distance_sentence']
 
 # %% ../../nbs/24_methods.dmml.ipynb #7d9c62df
 class Episode(NamedTuple):
@@ -257,3 +257,32 @@ def _reid_preset(dataset: str, n_train_ids: int) -> dict:
 
 DMML.presets = {"market1501": _reid_preset("market1501", 751), "dukemtmc": _reid_preset("dukemtmc", 702),
                 "veri776": _reid_preset("veri776", 576)}
+
+# %% ../../nbs/24_methods.dmml.ipynb #a553b129
+def plot_set_distances(steps, # step records of a DMML run (`read_log`): `d_pos`, `d_neg`, `episode_acc`
+                       margin: float = 0.4, # the margin tau of eq. (7), drawn as a reference
+                       axs=None, # two matplotlib axes (a new figure if None)
+                      ):
+    "Set distances of the queries to their own and to the other meta-cells, every episode and their epoch means (left); episode accuracy (right)."
+    import matplotlib.pyplot as plt
+    a, b = axs if axs is not None else plt.subplots(1, 2, figsize=(10, 3.2), constrained_layout=True)[1]
+    per = steps.groupby("epoch")[["d_pos", "d_neg", "episode_acc"]].mean()
+    x, mid = steps.step * per.index.max() / steps.step.max(), per.index - 0.5   # episodes in epochs; an epoch's mean at its middle
+    for k, name, c in (("d_pos", "own meta-cell, d_pos", "C0"), ("d_neg", "other meta-cells, d_neg", "C3")):
+        a.plot(x, steps[k], color=c, lw=0.5, alpha=0.3); a.plot(mid, per[k], "o-", color=c, ms=3, label=name)
+    a.axhline(margin, color="k", ls=":", lw=1, label=f"margin τ = {margin}")
+    a.set(xlabel="epoch", ylabel="mean set distance", ylim=(0, None), title="queries to meta-cells"); a.legend(fontsize=8)
+    b.plot(x, steps.episode_acc, color="C2", lw=0.5, alpha=0.3); b.plot(mid, per.episode_acc, "o-", color="C2", ms=3)
+    b.set(xlabel="epoch", ylabel="episode accuracy", ylim=(0, 1), title="queries nearest their own meta-cell")
+    return a.figure
+
+# %% ../../nbs/24_methods.dmml.ipynb #ed0b134b
+def set_distance_sentence(steps, # step records of a DMML run (`read_log`): `d_pos`, `d_neg`, `episode_acc`
+                          margin: float = 0.4, # the margin tau of eq. (7)
+                         ) -> str:
+    "The per-epoch means of the set distances, their gap in margins and the episode accuracy, first and last epoch."
+    per = steps.groupby("epoch")[["d_pos", "d_neg", "episode_acc"]].mean()
+    f, l = per.iloc[0], per.iloc[-1]
+    part = lambda r, e: (f"{r.d_pos:.3g} to the own meta-cell against {r.d_neg:.3g} to the others at epoch {e} "
+                         f"(a gap of {(r.d_neg - r.d_pos) / margin:.1f} margins, episode accuracy {r.episode_acc:.2f})")
+    return f"Mean set distances go from {part(f, per.index[0])} to {part(l, per.index[-1])}."

@@ -20,7 +20,8 @@ from ..samplers import TripletBatchSampler
 # %% auto #0
 __all__ = ['hardness_aware_augment', 'pulling_lambda', 'Generator', 'reconstruction_loss', 'generator_objective',
            'synthesis_weight', 'metric_objective', 'WindowAverage', 'random_triplets', 'npair_pairs',
-           'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML']
+           'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML', 'tuple_distances', 'plot_hardness',
+           'hardness_sentence']
 
 # %% ../../nbs/21_methods.hdml.ipynb #99bfb0dd
 def _check_augment(z, z_neg, d_ref, lam):
@@ -267,6 +268,16 @@ def real_and_synthetic(self: HDML,
     if len(real) == 4: real = to_triplets(real, labels)
     return real, *triplet_synthesis(z, labels, real, lam)
 
+# %% ../../nbs/21_methods.hdml.ipynb #7b1e0c2a
+@torch.no_grad()
+def tuple_distances(z: torch.Tensor, # (N, D) embeddings
+                    tuples, # (a, p, n) indices into z
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    "Mean anchor-positive and anchor-negative distances of `tuples` (a log of their hardness; no gradient, no randomness)."
+    a, p, n = tuples
+    if len(a) == 0: return z.new_tensor(float("nan")), z.new_tensor(float("nan"))
+    return torch.linalg.norm(z[a] - z[p], dim=1).mean(), torch.linalg.norm(z[a] - z[n], dim=1).mean()
+
 # %% ../../nbs/21_methods.hdml.ipynb #42aa8354
 @patch
 def objectives(self: HDML,
@@ -274,7 +285,7 @@ def objectives(self: HDML,
                images: torch.Tensor, # this process's batch of images
                labels: torch.Tensor, # their labels
               ) -> dict:
-    "J(T), J(T~), J_metric (eq. 11), J_recon, J_soft, J_gen (eq. 9) and the softmax layer's loss on real features."
+    "J(T), J(T~), J_metric (eq. 11), J_recon, J_soft, J_gen (eq. 9), the softmax layer's loss on real features, and tuple distances to log."
     lam, w = pulling_lambda(self.j_avg.value, self.pulling_factor), synthesis_weight(self.j_gen_avg.value, self.beta)
     y = trainer.model.backbone(images)
     z, glabels = trainer.gather(trainer.model.head(y), labels)   # the global batch under torchrun (identity otherwise)
@@ -289,8 +300,10 @@ def objectives(self: HDML,
              else trainer.loss_fn(z_syn, l_in, syn))                                             # eq. (12) on T~
     j_recon = reconstruction_loss(y_rec, y)                                                  # eq. (8)
     j_soft = F.cross_entropy(self.classifier(y_syn), l_in) if len(l_in) else y_syn.sum() * 0
+    d_ap, d_an = tuple_distances(z, real)                              # how hard the real tuples are,
+    d_an_hat, d_an_syn = tuple_distances(z_in, syn)[1], tuple_distances(z_syn, syn)[1]   # the synthetic negatives
     return dict(lam=lam, weight=w, j_real=j_real, j_syn=j_syn, j_metric=metric_objective(j_real, j_syn, w),
-                j_recon=j_recon, j_soft=j_soft,
+                j_recon=j_recon, j_soft=j_soft, d_ap=d_ap, d_an=d_an, d_an_hat=d_an_hat, d_an_syn=d_an_syn,
                 j_gen=generator_objective(j_recon, j_soft, self.gen_lambda, self.recon, self.softmax, self.recon_weight),
                 j_ce=F.cross_entropy(self.classifier(y.detach()), labels))
 
@@ -360,3 +373,30 @@ for _name, _kw in [("no-softmax", dict(softmax=False)), ("no-recon", dict(recon=
     for _loss in ("triplet", "npair"):
         _p = HDML.presets[f"paper-{_loss}"]
         HDML.presets[f"paper-{_loss}-{_name}"] = _p | dict(method_kwargs=_p["method_kwargs"] | _kw)
+
+# %% ../../nbs/21_methods.hdml.ipynb #1e26fda9
+def plot_hardness(steps, # step records of an HDML run (`read_log`): `lam`, `weight`, `d_ap`, `d_an`, `d_an_hat`, `d_an_syn`
+                  axs=None, # two matplotlib axes (a new figure if None)
+                 ):
+    "lambda and the weight of the real tuples every iteration (left); per epoch, the mean distances of positives and of real, augmented and synthetic negatives (right)."
+    import matplotlib.pyplot as plt
+    a, b = axs if axs is not None else plt.subplots(1, 2, figsize=(10, 3.2), constrained_layout=True)[1]
+    a.plot(steps.step, steps.lam, lw=0.8, label="λ (eq. 4)"); a.plot(steps.step, steps.weight, lw=0.8, label="weight of real tuples (eq. 11)")
+    a.set(xlabel="iteration", ylim=(0, 1.02), title="hardness control"); a.legend(fontsize=8)
+    per = steps.groupby("epoch")[["d_ap", "d_an", "d_an_hat", "d_an_syn"]].mean()
+    for k, name, style in (("d_an", "real negative", "C3o-"), ("d_an_hat", "augmented negative (eq. 4)", "C1s--"),
+                           ("d_an_syn", "synthetic negative (generator)", "C4^-"), ("d_ap", "positive", "C0o-")):
+        b.plot(per.index, per[k], style, ms=3, label=name)
+    b.set(xlabel="epoch", ylabel="mean distance to the anchor", ylim=(0, None), title="how hard the tuples are"); b.legend(fontsize=8)
+    b.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    return a.figure
+
+# %% ../../nbs/21_methods.hdml.ipynb #618a167e
+def hardness_sentence(steps, # step records of an HDML run (`read_log`)
+                     ) -> str:
+    "lambda in the first and the last epoch, and the last epoch's mean distances of positives and of real, augmented and synthetic negatives."
+    per = steps.groupby("epoch")[["lam", "d_ap", "d_an", "d_an_hat", "d_an_syn"]].mean()
+    f, l, e0, e1 = per.iloc[0], per.iloc[-1], per.index[0], per.index[-1]
+    return (f"λ averages {f.lam:.2f} in epoch {e0} and {l.lam:.2f} in epoch {e1}; in epoch {e1} the synthetic negatives lie at a mean "
+            f"distance of {l.d_an_syn:.2f} from their anchors (the augmented ones of eq. 4 at {l.d_an_hat:.2f}), against "
+            f"{l.d_an:.2f} for the real negatives and {l.d_ap:.2f} for the positives.")

@@ -24,7 +24,7 @@ from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_acti
 # %% auto #0
 __all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'bin_index', 'BinnedDistribution', 'sample_triplets',
            'DistanceWeighted', 'SemiHard', 'DistributionSampler', 'init_probs', 'validation_split', 'class_distances',
-           'PADS', 'plot_trajectory']
+           'PADS', 'plot_trajectory', 'distribution_means', 'plot_policy_run', 'distribution_sentence']
 
 # %% ../../nbs/23_methods.pads.ipynb #cc532ebc
 def bin_index(d: Tensor, # distances, any shape
@@ -406,3 +406,38 @@ def plot_trajectory(probs, # (T, K) distributions over the policy steps
     ax.figure.colorbar(img, ax=ax, label="log10 p" if log else "p")
     ax.set(xlabel="policy step", ylabel="distance d(I_a, I_n)", title="p(I_n | I_a) over training")
     return ax
+
+# %% ../../nbs/23_methods.pads.ipynb #3af0c438
+def distribution_means(probs, # (T, K) distributions over the bins
+                       edges, # (K+1,) bin edges
+                      ) -> np.ndarray:
+    "The mean distance sum_k p_k c_k (c_k the bin's centre) of each distribution, (T,)."
+    edges = np.asarray(edges, dtype=float)
+    return np.asarray(probs, dtype=float) @ ((edges[1:] + edges[:-1]) / 2)
+
+def plot_policy_run(steps, # step records of a PADS run (`read_log`); the policy steps carry `pads_probs`
+                    edges, # (K+1,) the distribution's bin edges
+                    axs=None, # two matplotlib axes (a new figure if None)
+                   ):
+    "The distribution after every policy step (left); its mean distance and the validation Recall@1 behind the reward (right)."
+    import matplotlib.pyplot as plt
+    a, b = axs if axs is not None else plt.subplots(1, 2, figsize=(11, 3.2), constrained_layout=True)[1]
+    pol = steps.dropna(subset=["pads_probs"])
+    probs, t = np.array(pol.pads_probs.tolist(), dtype=float), np.arange(1, len(pol) + 1)
+    plot_trajectory(probs, edges, ax=a)
+    b.plot(t, distribution_means(probs, edges), "C0.-"); b.set(xlabel="policy step", ylabel="mean distance under p", title="the policy and its reward's signal")
+    r = b.twinx(); r.plot(t, pol["val_R@1"], "C1.-"); r.set_ylabel("validation Recall@1", color="C1"); b.yaxis.label.set_color("C0")
+    return a.figure
+
+# %% ../../nbs/23_methods.pads.ipynb #205a174d
+def distribution_sentence(epochs, # epoch records of a PADS run (`read_log`): `pads_probs`, `policy_steps`
+                          edges, # (K+1,) the distribution's bin edges
+                         ) -> str:
+    "The distribution's mean distance and most likely bin at the first and the last epoch, in one sentence."
+    e = epochs.dropna(subset=["pads_probs"])
+    probs, edges = np.array(e.pads_probs.tolist(), dtype=float), np.asarray(edges, dtype=float)
+    mean, k = distribution_means(probs, edges), probs.argmax(1)
+    first, last = int(e.epoch.iloc[0]), int(e.epoch.iloc[-1])
+    bin_ = lambda i: f"[{edges[i]:.2f}, {edges[i + 1]:.2f})"
+    return (f"Over {int(e.policy_steps.iloc[-1])} policy steps the distribution's mean distance goes from {mean[0]:.3f} at the end "
+            f"of epoch {first} to {mean[-1]:.3f} at epoch {last}, and its most likely bin from {bin_(k[0])} to {bin_(k[-1])}.")

@@ -1,0 +1,148 @@
+"""Each method chapter's 'On the reference run': the stored logs parse and match metrics.json, every number a chapter states
+is recomputed here from the raw log lines, and every figure function runs on a tiny synthetic log."""
+import json, math
+from pathlib import Path
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from dml_book.study import read_log, reference_run, study_variants
+from dml_book.methods.ala import plot_assessment, assessment_sentence
+from dml_book.methods.hdml import plot_hardness, hardness_sentence, tuple_distances
+from dml_book.methods.dcml import plot_compositor_weights, compositor_sentence
+from dml_book.methods.pads import PADS, plot_policy_run, distribution_sentence, distribution_means
+from dml_book.methods.dmml import plot_set_distances, set_distance_sentence
+
+RESULTS = Path(__file__).resolve().parents[1]/"results"
+STORED = ("ala", "pads", "hdml", "dcml", "dmml")   # a log not stored (yet) skips its tests
+
+
+def raw(method):
+    "The reference log's step and epoch records as plain dicts (no pandas), or skip when it is not stored."
+    path = RESULTS/method/method/"seed0"/"log.jsonl"
+    if not path.exists(): pytest.skip(f"no reference log for {method}")
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in recs if r["kind"] == "step"], [r for r in recs if r["kind"] == "epoch"]
+
+
+def epoch_mean(steps, key, epoch): return float(np.mean([r[key] for r in steps if r["epoch"] == epoch]))
+
+
+@pytest.mark.parametrize("method", STORED)
+def test_stored_log_parses_and_matches_metrics(method):
+    raw_epochs = raw(method)[1]
+    steps, epochs = reference_run(method, root=RESULTS)
+    cfg = study_variants(method)[method]
+    assert list(epochs.epoch) == list(range(cfg.epochs + 1)) and len(steps) and steps.kind.eq("step").all()
+    assert steps.step.is_monotonic_increasing and steps.epoch.max() == cfg.epochs and steps.loss.notna().all()
+    folder = RESULTS/method/method/"seed0"
+    stored = json.loads((folder/"metrics.json").read_text())
+    if (folder/"reference.json").exists():   # the log comes from a re-run: its metrics are kept beside the study's
+        ref = json.loads((folder/"reference.json").read_text())
+        assert ref["stored"]["selected_R@1"] == stored["selected"]["test"]["R@1"]
+        stored = ref["rerun_metrics"]
+        assert stored["selected"]["test"]["R@1"] == ref["rerun"]["selected_R@1"]
+    assert stored["config"]["method"] == method and stored["config"]["seed"] == 0
+    assert len(stored["epochs"]) == len(epochs)
+    for rec, rrec in zip(stored["epochs"], raw_epochs):   # the log is the run behind these metrics
+        for k, v in rec.items():
+            if k != "seconds": assert rrec[k] == v, (method, rec["epoch"], k)
+
+
+def test_reference_run_absent(tmp_path):
+    assert reference_run("ala", root=tmp_path) is None and reference_run("ala", root=RESULTS, seed=7) is None
+
+
+def test_ala_sentence_from_the_log():
+    steps, epochs = raw("ala")
+    s = assessment_sentence(*reference_run("ala", root=RESULTS))
+    corr = [r["weight_hardness_corr"] for r in epochs if "weight_hardness_corr" in r]
+    for x in (f"{epoch_mean(steps, 'weight_std', 1):.3f} (mean over epoch 1)", f"{epoch_mean(steps, 'weight_std', 20):.3f} (epoch 20)",
+              f"{corr[0]:+.2f} at epoch 1", f"{corr[-1]:+.2f} at epoch 20", f"between {min(corr):+.2f} and {max(corr):+.2f}"):
+        assert x in s, (x, s)
+
+
+def test_pads_sentence_from_the_log():
+    _, epochs = raw("pads")
+    edges = np.linspace(0.1, 1.4, 31)   # PADS's defaults, the study's settings
+    np.testing.assert_allclose(PADS(**study_variants("pads")["pads"].method_kwargs).distribution.edges.numpy(), edges)
+    probs = [r["pads_probs"] for r in epochs if "pads_probs" in r]
+    mean = lambda p: sum(pk * (edges[k] + edges[k + 1]) / 2 for k, pk in enumerate(p))
+    top = lambda p: max(range(len(p)), key=p.__getitem__)
+    s = distribution_sentence(reference_run("pads", root=RESULTS)[1], edges)
+    for x in (f"Over {epochs[-1]['policy_steps']} policy steps", f"from {mean(probs[0]):.3f} at the end of epoch 1",
+              f"to {mean(probs[-1]):.3f} at epoch 20", f"from [{edges[top(probs[0])]:.2f}, ", f"to [{edges[top(probs[-1])]:.2f}, "):
+        assert x in s, (x, s)
+
+
+def test_hdml_sentence_from_the_log():
+    steps, _ = raw("hdml")
+    s = hardness_sentence(reference_run("hdml", root=RESULTS)[0])
+    m = lambda k, e: epoch_mean(steps, k, e)
+    for x in (f"λ averages {m('lam', 1):.2f} in epoch 1 and {m('lam', 20):.2f} in epoch 20", f"distance of {m('d_an_syn', 20):.2f}",
+              f"at {m('d_an_hat', 20):.2f}", f"{m('d_an', 20):.2f} for the real negatives", f"{m('d_ap', 20):.2f} for the positives"):
+        assert x in s, (x, s)
+
+
+def test_dcml_sentence_from_the_log():
+    _, epochs = raw("dcml")
+    w = [np.array(r["compositor_weights"]) for r in epochs if "compositor_weights" in r]
+    assert len(w) == 20 and w[0].shape == (8, 4)
+    np.testing.assert_allclose(w[-1].sum(1), 1, atol=1e-5)   # |c| sums to 1 over the learners
+    s = compositor_sentence(reference_run("dcml", root=RESULTS)[1])
+    lead = sorted({int(np.argmax(row)) for row in w[-1]})
+    for x in (f"{np.mean([row.max() for row in w[0]]):.2f} of its weight at epoch 1", f"{np.mean([row.max() for row in w[-1]]):.2f} at epoch 20",
+              f"{len(lead)} of the 4 learners", ", ".join(map(str, lead))):
+        assert x in s, (x, s)
+
+
+def test_dmml_sentence_from_the_log():
+    steps, _ = raw("dmml")
+    s = set_distance_sentence(reference_run("dmml", root=RESULTS)[0])
+    m = lambda k, e: epoch_mean(steps, k, e)
+    for e in (1, 20):
+        assert f"{m('d_pos', e):.3g} to the own meta-cell against {m('d_neg', e):.3g} to the others at epoch {e}" in s
+        assert f"a gap of {(m('d_neg', e) - m('d_pos', e)) / 0.4:.1f} margins, episode accuracy {m('episode_acc', e):.2f}" in s
+
+
+# A tiny synthetic log: 3 epochs of 4 steps with every method's values, known by construction.
+def tiny_log(tmp_path):
+    recs = [dict(epoch=0, step=0, kind="epoch")]
+    for e in range(1, 4):
+        for i in range(1, 5):
+            t = (e - 1)*4 + i
+            recs.append(dict(epoch=e, step=t, kind="step", loss=1/t, weight_mean=0.5, weight_std=0.01*e, lam=1 - 0.1*e, weight=0.9,
+                             d_ap=0.3, d_an=1.0 + 0.1*i, d_an_hat=0.7, d_an_syn=0.6, d_pos=1.0/e, d_neg=2.0, episode_acc=0.25*e,
+                             **({"pads_probs": [0.5, 0.5, 0.0] if e == 1 else [0.0, 0.2, 0.8], "val_R@1": 0.1*t} if i == 4 else {})))
+        w = np.full((2, 3), 1/3); w[:, e - 1] += 0.3; w /= w.sum(1, keepdims=True)
+        recs.append(dict(epoch=e, step=4*e, kind="epoch", weight_hardness_corr=[0.1, -0.5, 0.3][e - 1], pads_probs=[0.5, 0.5, 0.0] if e == 1
+                         else [0.0, 0.2, 0.8], policy_steps=e, compositor_weights=w.tolist()))
+    (tmp_path/"log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return read_log(tmp_path/"log.jsonl")
+
+
+def test_figures_and_sentences_on_a_tiny_log(tmp_path):
+    steps, epochs = tiny_log(tmp_path)
+    edges = [0.0, 1.0, 2.0, 3.0]
+    figs = [plot_assessment(steps, epochs), plot_hardness(steps), plot_compositor_weights(epochs), plot_policy_run(steps, edges),
+            plot_set_distances(steps)]
+    assert all(len(f.axes) >= 2 for f in figs)
+    assert len(figs[1].axes[1].lines) == 4 and list(figs[1].axes[1].lines[2].get_ydata()) == [0.6, 0.6, 0.6]
+    plt.close("all")
+    np.testing.assert_allclose(distribution_means([[0.5, 0.5, 0.0], [0.0, 0.2, 0.8]], edges), [1.0, 2.3])
+    assert "from 0.010 (mean over epoch 1) to 0.030 (epoch 3)" in assessment_sentence(steps, epochs)
+    assert "from +0.10 at epoch 1 to +0.30 at epoch 3, and lies between -0.50 and +0.30" in assessment_sentence(steps, epochs)
+    assert "λ averages 0.90 in epoch 1 and 0.70 in epoch 3" in hardness_sentence(steps) and "1.25 for the real negatives" in hardness_sentence(steps)
+    s = compositor_sentence(epochs)
+    assert f"{(1/3 + 0.3)/1.3:.2f} of its weight at epoch 1" in s and "0.33" in s and "1 of the 3 learners (learner 2)" in s
+    assert "from 1.000 at the end of epoch 1 to 2.300 at epoch 3, and its most likely bin from [0.00, 1.00) to [2.00, 3.00)" in distribution_sentence(epochs, edges)
+    assert "1 to the own meta-cell against 2 to the others at epoch 1 (a gap of 2.5 margins, episode accuracy 0.25)" in set_distance_sentence(steps)
+
+
+def test_tuple_distances_by_hand():
+    import torch
+    z = torch.tensor([[0., 0.], [3., 4.], [0., 1.], [1., 0.]], requires_grad=True)
+    d_ap, d_an = tuple_distances(z, (torch.tensor([0, 0]), torch.tensor([1, 2]), torch.tensor([2, 3])))
+    assert math.isclose(d_ap.item(), 3.0) and math.isclose(d_an.item(), 1.0) and not d_ap.requires_grad
+    assert all(math.isnan(x.item()) for x in tuple_distances(z, (torch.tensor([], dtype=torch.long),)*3))
