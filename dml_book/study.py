@@ -164,7 +164,8 @@ def study_report(method: str, # the method's folder under `results/`
     folder = root/method
     if not folder.is_dir() or not any(folder.rglob("metrics.json")): return None
     frame = study_frame(folder)
-    verdicts = [verdict(frame, v, dataset=dataset) for v in frame.variant.unique() if v != "baseline"]
+    name = lambda v: v.upper() if v == method else v   # the method under its paper's name: "HDML", not "hdml"
+    verdicts = [verdict(frame, v, dataset=dataset, label=name(v)) for v in frame.variant.unique() if v != "baseline"]
     timing = json.loads((folder/"study_time.json").read_text()) if (folder/"study_time.json").exists() else {}
     return dict(root=folder, frame=frame, table=study_table(frame), verdicts=verdicts, cpu_seconds=timing.get("cpu_seconds"))
 

@@ -104,6 +104,10 @@ STORED = sorted(p.name for p in (Path(__file__).parents[1]/"results").iterdir()
                 if p.is_dir() and p.name in ("ala", "hdml", "dcml", "pads", "dmml"))
 
 
+def test_every_method_has_its_stored_study():
+    assert STORED == ["ala", "dcml", "dmml", "hdml", "pads"]
+
+
 @pytest.mark.parametrize("method", STORED)
 def test_a_stored_method_study_parses_and_pairs_its_seeds(method):
     "results/<method>/: baseline and method over >= 3 paired seeds, the CPU time recorded, the verdict from the files."
@@ -112,7 +116,7 @@ def test_a_stored_method_study_parses_and_pairs_its_seeds(method):
     assert set(rep["table"].variant) == set(study_variants(method)) and (rep["table"].seeds >= 3).all()
     assert rep["cpu_seconds"] > 0
     p = paired_difference(rep["frame"], method)
-    assert f"{100*p['mean']:+.1f}" in rep["verdicts"][0]
+    assert f"{100*p['mean']:+.1f}" in rep["verdicts"][0] and rep["verdicts"][0].startswith(f"On glyphs-XL, {method.upper()} changes")
     for run in (Path(__file__).parents[1]/"results"/method).rglob("metrics.json"):   # configs are the study's own
         cfg = json.loads(run.read_text())["config"]
         assert cfg["dataset"] == "glyphs_xl" and cfg["epochs"] == 20 and not list(run.parent.glob("*.pt"))
