@@ -183,8 +183,9 @@ def test_count_ahead_equals_faiss_lists_with_ties(n):
     np.testing.assert_array_equal(our_rank(x, y, block=16), first_hit(y[idx] == y[:, None]))
 
 
-@pytest.mark.parametrize("first", ["lists", "counts", "auto"])
-@pytest.mark.parametrize("max_memory", [400, 256 * 2**20])  # blocks of 80 items, chunks of 1 query / one of each
+# 400 bytes: blocks of 80 items, chunks of 1 query; 2,000: the one pass's chunks of 1 query; 256 MB: one chunk
+@pytest.mark.parametrize("first, max_memory", [(f, m) for f in ("lists", "counts", "auto") for m in (400, 256 * 2**20)]
+                                             + [("both", 2_000), ("both", 256 * 2**20)])
 def test_retrieval_equals_the_old_implementation_and_brute_force_with_ties(first, max_memory):
     rng = np.random.default_rng(22)
     ks = [1, 2, 5, 20, 100]
@@ -268,22 +269,6 @@ def test_count_ahead_knn_with_a_class_of_one_and_a_short_gallery():
     _, d, idx = our_counts_and_lists(x[:2], y[:2], x[2:], y[2:], k=4)  # a gallery of 3: the 4th slot is empty
     np.testing.assert_array_equal(idx[:, -1], [-1, -1])
     assert np.isinf(d[:, -1]).all()
-
-
-@pytest.mark.parametrize("max_memory", [2_000, 256 * 2**20])  # chunks of 1 query / one chunk
-def test_one_pass_retrieval_equals_the_old_implementation_and_brute_force_with_ties(max_memory):
-    rng = np.random.default_rng(22)
-    ks = [1, 2, 5, 20, 100]
-    for distance in ("euclidean", "cosine"):
-        x, y = tied(rng, 150, 4, distance), rng.integers(0, 40, 150)
-        gx, gy = tied(rng, 120, 4, distance), rng.integers(0, 32, 120)
-        for g, gl in ((None, y), (gx, gy)):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # lone queries
-                new = metrics._retrieval(x, y, g, gl, ks, RETRIEVAL, distance, max_memory, [], False, "both")
-                assert new == pytest.approx(brute_retrieval(x, y, ks, g, None if g is None else gy, distance), abs=1e-12)
-                if distance == "euclidean":
-                    assert new == retrieval_v1(x, y, g, gl, ks, distance, max_memory)
 
 
 def test_auto_takes_one_pass_for_poor_embeddings_and_lists_for_good_ones(monkeypatch):
