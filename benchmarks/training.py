@@ -96,8 +96,9 @@ def step_overhead(root, args):
     all_batches, batches[:] = list(batches), batches[:1]
     hand_loop(); trainer_epoch()                                              # warm-up on one batch (first-call costs)
     batches[:] = all_batches
-    for _ in range(args.repeat):
-        for name, fn in (("loop", hand_loop), ("trainer", trainer_epoch)):
+    runs = (("loop", hand_loop), ("trainer", trainer_epoch))
+    for r in range(args.repeat):
+        for name, fn in runs if r % 2 == 0 else runs[::-1]:               # alternate which goes first
             s, c = time.perf_counter(), time.process_time(); fn()
             best[name] = min(best[name], (time.perf_counter() - s) / len(batches))
             best[f"{name} cpu"] = min(best[f"{name} cpu"], (time.process_time() - c) / len(batches))   # less sensitive to other load
