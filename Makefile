@@ -19,13 +19,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/dml-book train --dataset glyphs --loss triplet --epochs 5 --out runs/demo
 
-# Two notebooks run at once on two cores: one thread each (oversubscribed OpenMP threads spin and crawl).
+# Two notebooks, or two test files, run at once on two cores: one thread each (oversubscribed OpenMP threads spin and
+# crawl). pytest runs one worker per core (pytest-xdist), a whole file per worker so that module fixtures run once.
 test: export OMP_NUM_THREADS = 1
 # nbdev-test runs on an identical copy of nbs/ with --save (tools/preview.py), so the chapters execute once and their
 # outputs build the offline preview; the experiment notebooks run under papermill; pytest then checks both.
 test: $(STAMP)
 	$(BIN)/python tools/preview.py --out _preview
-	$(BIN)/python -m pytest -q tests/
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 tests/
 
 readme: $(STAMP)
 	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README
