@@ -216,7 +216,7 @@ def test_triplet_batches_give_the_official_40_triplets_and_the_baseline_shares_t
                         batch_size=6, transform=None, embedding_dim=64, out=str(tmp_path))
     tr = Trainer(cfg)
     x, y = next(iter(tr.loader))
-    z = tr.model(x)
+    z = tr.model(x).detach()
     real = tr.method.real_and_synthetic(tr, z, y, 1.0)[0]
     o = tr.method.objectives(tr, x, y)
     want = sum(max(0., float(((z[a] - z[p]) ** 2).sum() - ((z[a] - z[n]) ** 2).sum() + 1.0)) for a, p, n in zip(*real))
