@@ -9,9 +9,14 @@ it is not measured. fp16 runs only on CUDA (on a CPU its matrix products are emu
     .venv/bin/python benchmarks/precision.py --device cpu --backbone resnet18 --batch-size 16   # minutes on 2 cores
     python benchmarks/precision.py --device cuda --backbone resnet50 --batch-size 64 --compile    # a GPU
 
-Measured on the project's 2-core CPU (x86-64 without bf16 units; resnet18, batch 8, 1 thread): fp32 3,882 ms/step,
-fp32 + channels-last 1.00x, bf16 0.09x, bf16 + channels-last 0.10x. On such a CPU bf16 is emulated: use it on GPUs
-(and CPUs with AMX/AVX512-BF16), where autocast's 16-bit matrix products are the point. Not yet measured on a GPU.
+Measured on two of the project's 2-core x86-64 CPUs (resnet18, batch 8):
+- one with AMX and AVX512-BF16 (`OMP_NUM_THREADS=2`, torch 2.14.1), two runs: fp32 451-473 ms/step; fp32 +
+  channels-last 1.07-1.23x; bf16 1.95-2.00x; bf16 + channels-last 2.33-2.76x; bf16 + channels-last + compile
+  (inductor, `--compile`) 2.25x.
+- one without bf16 units (1 thread): fp32 3,882 ms/step, fp32 + channels-last 1.00x, bf16 0.09x, bf16 +
+  channels-last 0.10x. There bf16 is emulated: use it on GPUs and on CPUs with AMX/AVX512-BF16
+  (`grep -oE 'amx_bf16|avx512_bf16' /proc/cpuinfo`), where autocast's 16-bit matrix products are the point.
+Not yet measured on a GPU.
 """
 import argparse, tempfile, time, warnings
 from pathlib import Path
