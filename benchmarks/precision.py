@@ -4,7 +4,8 @@
 scaler) on the same pre-loaded random batches of `--batch-size` x 3 x 224 x 224 images (m = 4 per class), for each
 setting below; the best of `--repeat` timed runs of `--steps` steps after `--warmup` steps (compilation happens there).
 The ratio fp32 / setting is the speed-up (> 1: faster). The peak memory is CUDA's (`max_memory_allocated`); on the CPU
-it is not measured. fp16 runs only on CUDA (on a CPU its matrix products are emulated and slow).
+it is not measured. fp16 runs only on CUDA: on a CPU its matrix products gain nothing (a 2048² product took 54 ms
+against fp32's 56 and bf16's 9 on the AMX CPU below).
 
     .venv/bin/python benchmarks/precision.py --device cpu --backbone resnet18 --batch-size 16   # minutes on 2 cores
     python benchmarks/precision.py --device cuda --backbone resnet50 --batch-size 64 --compile    # a GPU
