@@ -1,6 +1,7 @@
 "Structure of every batch, episode and task; determinism; disjoint DDP shares."
 import numpy as np, pytest, torch
 from torch.utils.data import DataLoader, TensorDataset
+from dml_book.distributed import run_local
 from dml_book.samplers import ClassBalancedBatchSampler, EpisodeSampler, TaskSampler, class_index, ddp_share
 
 def uneven_labels(n_classes=40, seed=0):
@@ -110,26 +111,18 @@ def test_ddp_share_from_torch_distributed(tmp_path):
     try: assert ClassBalancedBatchSampler(np.repeat(np.arange(4), 2), 4, 2).world_size == 1 and ddp_share() == (0, 1)
     finally: dist.destroy_process_group()
 
-def _ddp_worker(rank, world_size, init, labels, out):
-    import torch.distributed as dist
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world_size)
-    try:
-        samplers = [ClassBalancedBatchSampler(labels, 8, 4, seed=7), EpisodeSampler(labels, 8, 4, 4, seed=7),
-                    TaskSampler(labels, 3, 2, 1, seed=7)]
-        for s in samplers: s.set_epoch(3)
-        out.put((rank, [s.rank for s in samplers], [list(s) for s in samplers]))
-    finally: dist.destroy_process_group()
+def _ddp_draws(rank, labels, out):
+    "In a gloo process of `run_local`: each sampler's rank, as read from torch.distributed, and its draws at epoch 3."
+    samplers = [ClassBalancedBatchSampler(labels, 8, 4, seed=7), EpisodeSampler(labels, 8, 4, 4, seed=7),
+                TaskSampler(labels, 3, 2, 1, seed=7)]
+    for s in samplers: s.set_epoch(3)
+    torch.save(([s.rank for s in samplers], [list(s) for s in samplers]), f"{out}/{rank}.pt")
 
-@pytest.mark.skipif("fork" not in __import__("multiprocessing").get_all_start_methods(), reason="needs fork")
 def test_shares_under_real_process_group(tmp_path):
     "Two processes in a gloo group: ranks come from torch.distributed, shares are those of explicit ranks and disjoint."
-    import multiprocessing as mp
-    ctx, labels, world = mp.get_context("fork"), uneven_labels(), 2
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_ddp_worker, args=(r, world, f"file://{tmp_path}/pg", labels, out)) for r in range(world)]
-    for p in procs: p.start()
-    got = dict((r, (ranks, draws)) for r, ranks, draws in (out.get(timeout=120) for _ in procs))
-    for p in procs: p.join(timeout=60); assert p.exitcode == 0
+    labels, world = uneven_labels(), 2
+    run_local(_ddp_draws, world, labels, str(tmp_path))   # spawned: a fork of a threaded pytest worker can hang in gloo
+    got = {r: torch.load(tmp_path/f"{r}.pt") for r in range(world)}
     for r in range(world):
         ranks, draws = got[r]
         assert ranks == [r] * 3
