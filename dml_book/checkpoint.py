@@ -9,9 +9,10 @@ from __future__ import annotations
 import errno, hashlib, io, os
 from pathlib import Path
 import torch
+from .files import FileError, write_bytes
 
 # %% auto #0
-__all__ = ['MAGIC', 'CheckpointError', 'write_checkpoint', 'read_checkpoint']
+__all__ = ['MAGIC', 'CheckpointError', 'write_checkpoint', 'read_checkpoint', 'checkpoint_digest']
 
 # %% ../nbs/08c_checkpoint.ipynb #599dac5c
 MAGIC = b"DMLCKPT1 "  # first bytes of every checkpoint, followed by the payload's SHA-256 and a newline
@@ -26,19 +27,12 @@ def _damaged(path, why: str) -> CheckpointError:
 def write_checkpoint(state: dict, # plain types and tensors only (loadable with `weights_only=True`)
                      path,        # the checkpoint file to (re)place atomically
                     ) -> Path:
-    "Atomically write `state` to `path` with a SHA-256 checksum: temp file, fsync, rename."
+    "Atomically write `state` to `path` with a SHA-256 checksum: `dml_book.files.write_bytes` (temp file, fsync, rename)."
     path = Path(path); buf = io.BytesIO(); torch.save(state, buf); payload = buf.getvalue()
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"); f.write(payload)
-            f.flush(); os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        why = "no space was left on the device" if e.errno in (errno.ENOSPC, errno.EDQUOT) else (e.strerror or str(e))
-        kept = "the previous checkpoint is intact" if path.exists() else "no previous checkpoint was there"
-        raise CheckpointError(f"could not write checkpoint {path}: {why}; {kept}") from None
+    header = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n"
+    kept = "the previous checkpoint is intact" if path.exists() else "no previous checkpoint was there"
+    try: write_bytes(path, [header, payload], fix=kept)
+    except FileError as e: raise CheckpointError(str(e)) from None
     return path
 
 # %% ../nbs/08c_checkpoint.ipynb #02d09146
@@ -58,3 +52,15 @@ def read_checkpoint(path,                # a file written by `write_checkpoint`
     except Exception as e: raise _damaged(path, f"not loadable as weights only ({type(e).__name__})") from None
     if not isinstance(state, dict): raise _damaged(path, f"not a mapping (it holds a {type(state).__name__})")
     return state
+
+# %% ../nbs/08c_checkpoint.ipynb #391ea7a2
+def checkpoint_digest(path, # a file written by `write_checkpoint`
+                     ) -> str:
+    "The SHA-256 (hex) a checkpoint's first line records: its identity, read without loading it."
+    path = Path(path)
+    try:
+        with open(path, "rb") as f: head = f.read(len(MAGIC) + 65)
+    except OSError as e: raise CheckpointError(f"cannot read checkpoint {path} ({e.strerror or e})") from None
+    digest = head[len(MAGIC):-1]
+    if not head.startswith(MAGIC) or head[-1:] != b"\n" or len(digest) != 64: raise _damaged(path, "not a dml_book checkpoint")
+    return digest.decode()

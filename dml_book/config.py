@@ -6,18 +6,18 @@ Docs: https://dml-book.github.io/dml_book/config.html.md"""
 
 # %% ../nbs/08d_config.ipynb #db78615c
 from __future__ import annotations
-import inspect, math
+import inspect, math, sys
 from dataclasses import fields
-from typing import Literal, get_args
+from typing import Literal, get_args, get_origin
 import torch
-from .registry import check_choice
+from .registry import check_choice, quote
 from .models import Head
 from .data.core import Decoder, EvalProtocol
 
 # %% auto #0
-__all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'FIELD_CHECKS', 'positive_int', 'non_negative_int',
-           'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict', 'recall_ks', 'words', 'one_of',
-           'check_fields', 'check_device', 'check_kwargs', 'check_config']
+__all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'FIELD_CHECKS', 'MAX_VALUES', 'MAX_DEPTH', 'positive_int',
+           'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict', 'recall_ks', 'words',
+           'one_of', 'bounded', 'check_fields', 'check_device', 'annotation_check', 'check_kwargs', 'check_config']
 
 # %% ../nbs/08d_config.ipynb #7ae02c2d
 from .registry import ConfigError   # one class for every configuration error (the data layer raises it too)
@@ -119,6 +119,23 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "umap": (is_bool, "true or false"),
 }
 
+# %% ../nbs/08d_config.ipynb #3fc809d5
+MAX_VALUES, MAX_DEPTH = 10_000, 16   # the most values a `*_kwargs` mapping may hold, and how deep they may nest
+
+def bounded(v, # a configured value: a number, string, list or mapping
+            values: int = MAX_VALUES, # the most values (keys, items and leaves) it may hold
+            depth: int = MAX_DEPTH, # the deepest nesting it may have
+           ) -> bool:
+    "Whether `v` holds at most `values` values nested at most `depth` deep; the walk stops at the first excess."
+    left = [values]
+    def walk(x, d):
+        left[0] -= 1
+        if left[0] < 0 or d > depth: return False
+        if isinstance(x, dict): return all(walk(k, d + 1) and walk(y, d + 1) for k, y in x.items())
+        if isinstance(x, (list, tuple, set)): return all(walk(y, d + 1) for y in x)
+        return True
+    return walk(v, 0)
+
 # %% ../nbs/08d_config.ipynb #0ca3df7c
 def check_fields(cfg, # the `TrainConfig` to check
                 ) -> None:
@@ -126,8 +143,11 @@ def check_fields(cfg, # the `TrainConfig` to check
     for f in fields(cfg):
         ok, expects = FIELD_CHECKS[f.name]
         v = getattr(cfg, f.name)
-        if not ok(v): raise ConfigError(f"{f.name}={v!r} is invalid: expected {expects}")
+        if not ok(v): raise ConfigError(f"{f.name}={quote(v)} is invalid: expected {expects}")
     for k in ("loss_kwargs", "miner_kwargs", "method_kwargs", "dataset_kwargs"):
+        if not bounded(getattr(cfg, k)):
+            raise ConfigError(f"{k}={quote(getattr(cfg, k))} is too large: at most {MAX_VALUES} values nested {MAX_DEPTH} deep "
+                              f"(a YAML alias repeated inside itself?)")
         bad = [n for n, v in getattr(cfg, k).items() if isinstance(v, float) and not math.isfinite(v)]
         if bad: raise ConfigError(f"{k} {bad[0]}={getattr(cfg, k)[bad[0]]!r} is not a finite number")
 
@@ -144,6 +164,35 @@ def check_device(device: str, # "auto", "cpu", "cuda", "cuda:1", ...
         if d.index is not None and d.index >= n: raise ConfigError(f"device={device!r}: this machine has {n} GPU(s) (cuda:0 to cuda:{n-1})")
     elif d.type not in ("cpu", "mps"): raise ConfigError(f"device={device!r} is not supported: expected auto, cpu, cuda or cuda:N")
 
+# %% ../nbs/08d_config.ipynb #6533f1e5
+_TYPES = {"float": (_num, "a number"), "int": (_int, "an integer"), "bool": (is_bool, "true or false"),
+          "str": (lambda v: isinstance(v, str), "a string"), "None": (lambda v: v is None, "None"),
+          "dict": (lambda v: isinstance(v, dict), "a mapping"), "list": (lambda v: isinstance(v, (list, tuple)), "a list"),
+          "tuple": (lambda v: isinstance(v, (list, tuple)), "a list")}
+
+def _union_parts(text: str) -> list[str]:
+    "The parts of 'a | b[c | d] | e' split at the top-level bars."
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "|" and depth == 0: parts.append(cur.strip()); cur = ""
+        else: cur += ch
+    return [*parts, cur.strip()]
+
+# %% ../nbs/08d_config.ipynb #344e209f
+def annotation_check(annotation, # a parameter's annotation: a string (`from __future__ import annotations`) or a type
+                     namespace: dict | None = None, # where its names are bound (the class's module), for `Literal` aliases
+                    ) -> tuple | None:
+    "(predicate, what it expects) for a parameter annotated `annotation`; None when the annotation says nothing checkable."
+    text = annotation if isinstance(annotation, str) else annotation.__name__ if isinstance(annotation, type) else str(annotation)
+    rows = []
+    for part in _union_parts(text):
+        alias = (namespace or {}).get(part)
+        if part.split("[", 1)[0] in _TYPES: rows.append(_TYPES[part.split("[", 1)[0]])
+        elif get_origin(alias) is Literal: rows.append(((lambda v, vals=get_args(alias): isinstance(v, str) and v in vals), words(alias)))
+        else: return None
+    return (lambda v: any(ok(v) for ok, _ in rows)), " or ".join(w for _, w in rows)
+
 # %% ../nbs/08d_config.ipynb #3a2e7766
 def check_kwargs(kind: str,   # what it is: loss, miner, method
                  name: str,   # its registered name
@@ -151,20 +200,20 @@ def check_kwargs(kind: str,   # what it is: loss, miner, method
                  kwargs: dict, # the configured constructor arguments
                  filled: dict = None, # arguments the trainer supplies itself (placeholders)
                 ) -> None:
-    "Bind `kwargs` to `cls`'s signature and build it once; a bad key or value is a `ConfigError` naming both."
+    "Bind `kwargs` to `cls`'s signature, check each against its annotation, build it once; a bad key or value is a `ConfigError` naming both."
     sig = inspect.signature(cls)
     takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     unknown = [] if takes_any else sorted(set(kwargs) - set(sig.parameters))
     if unknown: raise ConfigError(f"{kind} {name!r} does not take {kind}_kwargs {', '.join(unknown)}; "
                                   f"it accepts: {', '.join(p for p in sig.parameters if p != 'self') or 'none'}")
+    namespace = vars(sys.modules.get(getattr(cls, "__module__", None)) or sys)
     for k, v in kwargs.items():
-        ann = sig.parameters[k].annotation if k in sig.parameters else None
-        want = {"float": _num, float: _num, "int": _int, int: _int, "bool": is_bool, bool: is_bool}.get(ann)
-        if want and not want(v): raise ConfigError(f"{kind}_kwargs {k}={v!r}: {kind} {name!r} expects {getattr(ann, '__name__', ann)}")
+        check = annotation_check(sig.parameters[k].annotation, namespace) if k in sig.parameters else None
+        if check and not check[0](v): raise ConfigError(f"{kind}_kwargs {k}={quote(v)}: {kind} {name!r} expects {check[1]}")
     kw = {**{k: v for k, v in (filled or {}).items() if k in sig.parameters and k not in kwargs}, **kwargs}
     try: cls(**kw)
     except (TypeError, ValueError, AssertionError) as e:
-        raise ConfigError(f"{kind} {name!r} rejects {kind}_kwargs {kwargs}: {e}") from None
+        raise ConfigError(f"{kind} {name!r} rejects {kind}_kwargs {quote(kwargs)}: {quote(str(e))[1:-1]}") from None
 
 # %% ../nbs/08d_config.ipynb #17acf264
 def check_config(cfg, # the `TrainConfig` to check

@@ -11,11 +11,29 @@ from typing import Callable
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'ConfigError', 'UnknownNameError', 'Registry', 'check_choice']
+__all__ = ['QUOTE_LIMIT', 'DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'ConfigError', 'quote', 'UnknownNameError', 'Registry',
+           'check_choice']
 
 # %% ../nbs/00_registry.ipynb #1a2e7782
 class ConfigError(ValueError):
     "A training configuration that cannot run."
+
+# %% ../nbs/00_registry.ipynb #f48de470
+QUOTE_LIMIT = 200   # characters of a value an error message shows at most
+
+class _Quote(__import__("reprlib").Repr):
+    def repr_int(self, x, level):
+        try: return super().repr_int(x, level)
+        except ValueError: return f"<an integer of {x.bit_length()} bits>"   # too long for str() (Python 3.11+)
+
+def quote(value, # any value, however large, deep or self-referencing
+          limit: int = QUOTE_LIMIT, # the most characters to return
+         ) -> str:
+    "`repr(value)` for a message: at most 3 levels and 6 items per container, then cut to `limit` characters."
+    q = _Quote(); q.maxlevel, q.maxstring, q.maxother, q.maxlong = 3, limit, limit, limit
+    q.maxlist = q.maxtuple = q.maxdict = q.maxset = q.maxfrozenset = q.maxdeque = q.maxarray = 6
+    s = q.repr(value)
+    return s if len(s) <= limit else s[:limit - 3] + "..."
 
 # %% ../nbs/00_registry.ipynb #6ff87b5b
 class UnknownNameError(ValueError):
@@ -60,7 +78,7 @@ def check_choice(kind: str, # what is chosen, e.g. "backbone": the message reads
         except ValueError: choices = [m.value for m in choices]
     elif value in (choices := list(choices)): return value
     what = f"{owner} has no {kind}" if owner else f"unknown {kind}"
-    raise error(f"{what} {value!r}; choose from: {', '.join(map(str, choices)) or 'none'}")
+    raise error(f"{what} {quote(value)}; choose from: {', '.join(map(str, choices)) or 'none'}")
 
 # %% ../nbs/00_registry.ipynb #44193a8d
 @patch

@@ -14,14 +14,15 @@ import numpy as np
 from PIL import Image
 import torch
 from torch.utils.data import Dataset
-from ..registry import DATASETS, ConfigError, check_choice
+from ..registry import DATASETS, ConfigError, check_choice, quote
 from .download import Archive, fetch_archives
 from .transforms import get_transform
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['Decoder', 'DECODERS', 'EvalProtocol', 'DatasetNotFoundError', 'ImageReadError', 'load_image', 'load_tensor',
-           'find_root', 'check_files', 'ImageFileDataset', 'LabelledSubset', 'build_split', 'preprocessing_spec']
+__all__ = ['Decoder', 'DECODERS', 'EvalProtocol', 'DatasetNotFoundError', 'ImageReadError', 'load_image', 'check_pixels',
+           'load_tensor', 'find_root', 'check_files', 'inside', 'ImageFileDataset', 'LabelledSubset', 'build_split',
+           'check_evaluation', 'preprocessing_spec']
 
 # %% ../../nbs/01d_data.core.ipynb #87877b07
 class DatasetNotFoundError(FileNotFoundError):
@@ -40,6 +41,15 @@ def load_image(path, # an image file
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise ImageReadError(f"cannot read image {path}: {e}") from e
 
+# %% ../../nbs/01d_data.core.ipynb #26d00576
+def check_pixels(path, # an image file
+                ):
+    "Apply PIL's decompression-bomb limit to `path` from its header alone; `ImageReadError` naming it above the limit."
+    try:
+        with Image.open(path): pass   # reads the header; DecompressionBombError above 2 x Image.MAX_IMAGE_PIXELS
+    except Image.DecompressionBombError as e: raise ImageReadError(f"cannot read image {path}: {e}") from None
+    except (OSError, SyntaxError, ValueError): pass   # not a file PIL identifies: the decoder decides
+
 # %% ../../nbs/01d_data.core.ipynb #b4d0f8a2
 def _torchvision_decode(path) -> torch.Tensor | None:
     "uint8 RGB (3, H, W) pixels by `torchvision.io`, or None where it cannot read the file as PIL would."
@@ -55,6 +65,7 @@ def load_tensor(path, # an image file
                ) -> torch.Tensor:
     "The image at `path` as uint8 RGB (3, H, W), decoded by `torchvision.io` where it can; `ImageReadError` naming `path` otherwise."
     if not Path(path).is_file(): return _pil_to_tensor(load_image(path))   # the ImageReadError of a missing file
+    check_pixels(path)
     t = _torchvision_decode(path)
     return t if t is not None else _pil_to_tensor(load_image(path))
 
@@ -92,6 +103,18 @@ def check_files(paths: list[Path], # image files an index lists
     if missing:
         raise DatasetNotFoundError(f"expected {missing[0]} (listed in {index}), which is missing: the dataset is "
                                    f"incomplete ({len(missing)} of {len(paths)} images missing); the layout is:\n{layout}")
+
+# %% ../../nbs/01d_data.core.ipynb #e3ecf4b4
+def inside(folder: Path, # the dataset folder
+           rel, # a path as an index file lists it
+           index: str, # the index file, for the message
+          ) -> Path:
+    "`folder/rel`, refused (`ConfigError`) when `rel` is absolute or climbs out of `folder` with `..`."
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts:
+        raise ConfigError(f"{index} lists {quote(str(rel))}, a path outside the dataset folder {folder}: an index may only "
+                          f"name files inside it; fix the list, or extract the dataset again")
+    return folder/p
 
 # %% ../../nbs/01d_data.core.ipynb #18f2427d
 EvalProtocol = Literal["retrieval", "reid"]   # how a dataset's test split is evaluated: Recall@K on one set, or query against gallery
@@ -231,6 +254,37 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
     ds = cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
     if transform is not None and tensor: ds.decoder = "torchvision"   # built-in data: nothing to decode
     return ds
+
+# %% ../../nbs/01d_data.core.ipynb #e15b9a67
+def _paths(ds) -> list | None:
+    "The image files of a dataset, or of a `LabelledSubset` of one (None for in-memory data)."
+    if isinstance(ds, LabelledSubset):
+        p = _paths(ds.dataset); return None if p is None else [p[i] for i in ds.indices]
+    return getattr(ds, "paths", None)
+
+def _classes(ds) -> set:
+    "The names of the classes `ds` has images of."
+    return {ds.class_names[int(c)] for c in np.unique(np.asarray(ds.labels))}
+
+# %% ../../nbs/01d_data.core.ipynb #3e4bda28
+def check_evaluation(train, # the training split (None: nothing to compare with)
+                     splits: dict, # {name: evaluation split}: {"test": ...} or {"query": ..., "gallery": ...}
+                    ):
+    "Refuse an evaluation split with fewer than two classes, or sharing image files or classes with `train` (`ConfigError`)."
+    fix = "check the dataset's lists (or its dataset_kwargs)"
+    train_paths = _paths(train) if train is not None else None
+    seen = {os.path.normpath(str(p)) for p in train_paths} if train_paths is not None else set()
+    for name, ds in splits.items():
+        present = _classes(ds)
+        if name != "query" and len(present) < 2:
+            raise ConfigError(f"the {name} split has {len(present)} class ({quote(sorted(present))}): every metric would read 1.0; "
+                              f"an evaluation needs at least two classes; {fix}")
+        shared = seen & {os.path.normpath(str(p)) for p in (_paths(ds) or [])}
+        if shared: raise ConfigError(f"the {name} split shares {len(shared)} image(s) with the training split (e.g. "
+                                     f"{quote(min(shared))}): its metrics would not be of unseen images; {fix}")
+        common = _classes(train) & present if train is not None and (name in ("test", "query")) else set()
+        if common: raise ConfigError(f"the {name} split shares {len(common)} class(es) with the training split (e.g. "
+                                     f"{quote(min(common, key=str))}): the protocol evaluates unseen classes; {fix}")
 
 # %% ../../nbs/01d_data.core.ipynb #b4c8ee29
 def _spec_from_pipeline(tf) -> dict:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 import numpy as np
 import scipy.io
-from ..registry import DATASETS
-from .core import ImageFileDataset, DatasetNotFoundError
+from ..registry import DATASETS, ConfigError, quote
+from .core import ImageFileDataset, DatasetNotFoundError, inside
 from .download import Archive
 
 # %% auto #0
-__all__ = ['CARS_SOURCE', 'read_rows', 'CUB200', 'Cars196', 'SOP']
+__all__ = ['CARS_SOURCE', 'read_rows', 'unique_ids', 'CUB200', 'Cars196', 'SOP']
 
 # %% ../../nbs/01e_data.retrieval.ipynb #b65c72e7
 def read_rows(path: Path, # the index file
@@ -30,6 +30,18 @@ def read_rows(path: Path, # the index file
         lines = lines[1:]
     return [l.split(maxsplit=header.count(" ") if header else -1) for l in lines]
 
+# %% ../../nbs/01e_data.retrieval.ipynb #ad415ec0
+def unique_ids(rows: list, # rows of `read_rows`, an id first
+               path: Path, # the index file, for the message
+              ) -> dict:
+    "{id: the rest of its row} of `rows` (a one-item rest unwrapped); a `ConfigError` naming an id listed twice."
+    out, line = {}, {}
+    for n, (key, *rest) in enumerate(rows, 1):
+        if key in out: raise ConfigError(f"{path} lists id {quote(key)} twice (rows {line[key]} and {n}): a damaged or "
+                                         f"edited index drops images silently; extract the dataset again")
+        out[key], line[key] = rest[0] if len(rest) == 1 else rest, n
+    return out
+
 # %% ../../nbs/01e_data.retrieval.ipynb #1b2173ac
 @DATASETS.register("cub200")
 class CUB200(ImageFileDataset):
@@ -44,14 +56,14 @@ class CUB200(ImageFileDataset):
                    folder, # the dataset folder
                    split, # train or test
                   ):
-        images = dict(read_rows(folder/"images.txt", self.layout))
-        classes = {i: int(c) for i, c in read_rows(folder/"image_class_labels.txt", self.layout)}
-        names = {int(c): n for c, n in read_rows(folder/"classes.txt", self.layout)}
+        images = unique_ids(read_rows(folder/"images.txt", self.layout), folder/"images.txt")
+        classes = {i: int(c) for i, c in unique_ids(read_rows(folder/"image_class_labels.txt", self.layout), folder/"image_class_labels.txt").items()}
+        names = {int(c): n for c, n in unique_ids(read_rows(folder/"classes.txt", self.layout), folder/"classes.txt").items()}
         missing = [i for i in images if i not in classes]
         if missing: raise DatasetNotFoundError(f"{folder/'image_class_labels.txt'} has no line for image id {missing[0]} "
                                                f"({len(missing)} missing); the download is incomplete: fetch it again")
         keep = [i for i in images if (classes[i] <= 100) == (split == "train")]
-        return [folder/"images"/images[i] for i in keep], [classes[i] for i in keep], names
+        return [inside(folder/"images", images[i], "images.txt") for i in keep], [classes[i] for i in keep], names
 
 # %% ../../nbs/01e_data.retrieval.ipynb #ae9efbe8
 CARS_SOURCE = ("Stanford no longer serves car_ims.tgz and cars_annos.mat (formerly at "
@@ -89,7 +101,7 @@ class Cars196(ImageFileDataset):
         rel, cls = _mat_field(ann, "relative_im_path", path), _mat_field(ann, "class", path).astype(np.int64)
         names = {i + 1: str(n) for i, n in enumerate(np.atleast_1d(mat["class_names"]))}
         keep = np.flatnonzero((cls <= 98) == (split == "train"))
-        return [folder/str(rel[i]) for i in keep], cls[keep].tolist(), names
+        return [inside(folder, str(rel[i]), "cars_annos.mat") for i in keep], cls[keep].tolist(), names
 
 # %% ../../nbs/01e_data.retrieval.ipynb #b226111e
 @DATASETS.register("sop")
@@ -106,7 +118,8 @@ class SOP(ImageFileDataset):
                    split, # train or test
                   ):
         rows = read_rows(folder/f"Ebay_{split}.txt", self.layout, header="image_id class_id super_class_id path")
-        paths = [folder/p for *_, p in rows]
+        unique_ids([(i, p) for i, _, _, p in rows], folder/f"Ebay_{split}.txt")   # an image id listed twice
+        paths = [inside(folder, p, f"Ebay_{split}.txt") for *_, p in rows]
         keys = [int(c) for _, c, _, _ in rows]
         names = {k: f"{p.parent.name.removesuffix('_final')}/{p.name.rsplit('_', 1)[0]}" for k, p in zip(keys, paths)}
         return paths, keys, names
