@@ -6,34 +6,42 @@ Docs: https://dml-book.github.io/dml_book/cli.html.md"""
 
 # %% ../nbs/10_cli.ipynb #d5b67c0f
 from __future__ import annotations
-import argparse, json, sys
+import argparse, json, os, sys
 from dataclasses import fields, asdict, replace
 from pathlib import Path
 from typing import Literal, get_args, get_origin, get_type_hints
 from fastcore.imports import in_notebook
 from fastcore.docments import docments
-from .registry import UnknownNameError, DATASETS, LOSSES, MINERS, METHODS
+from .registry import UnknownNameError, DATASETS, LOSSES, MINERS, METHODS, quote
 from .models import PretrainedWeightsUnavailable
 from .train import TrainConfig, ConfigError, Trainer, preset_config, TrainingDiverged
 from .checkpoint import CheckpointError
 from .data.core import ImageReadError
+from .data.download import DownloadError
+from .files import FileError, FIGURE_SUFFIXES, check_output, check_folder, refuse_links, save_figure
 from .inference import CheckpointName
 from .index import IndexKind, IndexMetric
 from .results import ExperimentError, run_experiment
 
 # %% auto #0
-__all__ = ['CLI_DEFAULTS', 'LISTS', 'USER_ERRORS', 'choices', 'parser', 'results_table', 'evaluate_command', 'embed_command',
-           'index_command', 'search_command', 'catalogue', 'list_command', 'read_config_file', 'dataset_defaults',
-           'train_command', 'experiment_command', 'one_line', 'main']
+__all__ = ['CLI_DEFAULTS', 'LISTS', 'USER_ERRORS', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'parser', 'results_table',
+           'evaluate_command', 'embed_command', 'index_command', 'search_command', 'catalogue', 'list_command',
+           'read_config_file', 'dataset_defaults', 'train_command', 'experiment_command', 'one_line', 'error_line',
+           'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
     "A converter for a `TrainConfig` field's annotation string."
-    if annotation.startswith("dict"): return json.loads
+    if annotation.startswith("dict"): return _json
     if annotation == "int | str": return lambda s: int(s) if s.lstrip("-").isdigit() else s   # a number or a word (auto)
     for name, conv in (("bool", None), ("int", int), ("float", float), ("tuple", int)):
         if annotation.startswith(name): return conv
     return str
+
+def _json(s: str):
+    "`json.loads` for a flag; argparse reports its ValueError as a usage error (a nesting too deep is one too)."
+    try: return json.loads(s)
+    except RecursionError: raise ValueError("nested too deeply") from None
 
 CLI_DEFAULTS = {"progress": True, "umap": True}   # where `dml-book train` departs from `TrainConfig`'s defaults
 
@@ -80,14 +88,15 @@ def _add_run_commands(sub):
     ev.add_argument("run_dir", **run); ev.add_argument("--checkpoint", **ckpt); ev.add_argument("--device", **dev)
     ev.add_argument("--dataset", default=None, help="evaluate on this registered dataset instead (default: the run's)")
     ev.add_argument("--data-root", default=None, help="its folder")
-    ev.add_argument("--dataset-kwargs", type=json.loads, default=None, metavar="JSON", help="its constructor arguments")
+    ev.add_argument("--dataset-kwargs", type=_json, default=None, metavar="JSON", help="its constructor arguments")
     ev.add_argument("--json", action="store_true", help="print JSON with the keys of metrics.json's final metrics")
     em = sub.add_parser("embed", help="embed image files or folders with a run's network and evaluation preprocessing")
     em.add_argument("run_dir", **run); em.add_argument("images", nargs="+", help="image files and folders (searched recursively)")
     em.add_argument("--out", required=True, help="FILE.npz (embeddings and paths) or FILE.npy (paths in FILE.paths.txt)")
     ix = sub.add_parser("index", help="build a faiss index of images embedded by a run")
     ix.add_argument("run_dir", **run); ix.add_argument("images", nargs="+", help="the gallery: image files and folders (recursively)")
-    ix.add_argument("--out", required=True, help="the index folder to write (index.faiss, index.json)")
+    ix.add_argument("--out", required=True, help="the index folder to write (index.faiss, index.json, manifest.json)")
+    ix.add_argument("--force", action="store_true", help="replace an index of another run (or other files) in --out")
     ix.add_argument("--approximate", choices=[k for k in get_args(IndexKind) if k != "flat"], default=None, help="an approximate index for large galleries (default: exact)")
     ix.add_argument("--metric", choices=get_args(IndexMetric), default="l2", help="Euclidean distance or inner product (default: l2)")
     ix.add_argument("--nlist", type=int, default=1024, help="IVF: k-means cells (default: 1024, at most one per 39 images)")
@@ -102,6 +111,7 @@ def _add_run_commands(sub):
     se.add_argument("-k", type=_positive, default=5, help="neighbours per query (default: 5)")
     se.add_argument("--json", action="store_true", help='print a JSON list per query of {"path", "distance"}')
     se.add_argument("--gallery-figure", default=None, metavar="FILE", help="save a figure of the queries and their neighbours")
+    se.add_argument("--run", default=None, metavar="DIR", help="the run folder, if it moved since indexing (default: the one the index records)")
     se.add_argument("--device", **dev)
     ls = sub.add_parser("list", help="the registered names: datasets, losses, miners, methods, presets, backbones, transforms")
     ls.add_argument("what", nargs="?", choices=LISTS, default=None, help="one kind (default: all)")
@@ -160,8 +170,9 @@ def evaluate_command(args, # the parsed command-line arguments
 def embed_command(args, # the parsed command-line arguments
                  ) -> int:
     "`dml-book embed`: embeddings of image files to .npz or .npy."
-    from dml_book.inference import load_run, embed, image_files, save_embeddings
+    from dml_book.inference import load_run, embed, image_files, save_embeddings, check_embeddings_out
     files = image_files(*args.images)
+    check_embeddings_out(args.out, [p.resolve() for p in files])   # before any work
     model, transform, _ = load_run(args.run_dir, args.checkpoint, args.device)
     e = embed(model, files, transform, args.batch_size)
     written = save_embeddings(args.out, e, [p.resolve() for p in files])
@@ -172,22 +183,24 @@ def embed_command(args, # the parsed command-line arguments
 def index_command(args, # the parsed command-line arguments
                  ) -> int:
     "`dml-book index`: a faiss index of images, saved to a folder."
-    from dml_book.index import index_images
+    from dml_book.index import index_images, check_index_out
+    check_index_out(args.out, args.run_dir, args.force)   # before any work
     idx = index_images(args.run_dir, args.images, args.checkpoint, args.device, args.batch_size, metric=args.metric,
                        kind=args.approximate or "flat", nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m)
-    print(f"{idx!r} written to {idx.save(args.out)}/")
+    print(f"{idx!r} written to {idx.save(args.out, args.force)}/")
     return 0
 
 def search_command(args, # the parsed command-line arguments
                   ) -> int:
     "`dml-book search`: the k nearest gallery images of each query image."
     from dml_book.index import Index, search_images, plot_search
-    files, results = search_images(Index.load(args.index_dir), args.queries, args.k, args.device)
+    if args.gallery_figure: check_output(args.gallery_figure, FIGURE_SUFFIXES)   # before any work
+    files, results = search_images(Index.load(args.index_dir), args.queries, args.k, args.device, args.run)
     if args.json: print(json.dumps(results))
     else:
         for f, row in zip(files, results):
             print(f"{f}:\n" + "\n".join(f"  {n}. {r['distance']:.4f}  {r['path']}" for n, r in enumerate(row, 1)))
-    if args.gallery_figure: plot_search(files, results).savefig(args.gallery_figure, dpi=120)
+    if args.gallery_figure: save_figure(plot_search(files, results), args.gallery_figure)
     return 0
 
 # %% ../nbs/10_cli.ipynb #5fb88d0b
@@ -211,7 +224,7 @@ def list_command(args, # the parsed command-line arguments
     return 0
 
 # %% ../nbs/10_cli.ipynb #d16389f8
-USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, ImageReadError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
+USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, ImageReadError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError, DownloadError)
 
 def read_config_file(path, # a .yaml, .yml or .json file
                     ) -> dict:
@@ -219,7 +232,10 @@ def read_config_file(path, # a .yaml, .yml or .json file
     import yaml
     p = Path(path)
     if not p.is_file(): raise FileNotFoundError(f"configuration file {p} does not exist")
+    if p.stat().st_size > 1 << 20: raise ConfigError(f"{p} holds {p.stat().st_size} bytes: a configuration file is at most 1 MiB")
     try: values = yaml.safe_load(p.read_text()) or {}   # YAML reads JSON too
+    except RecursionError: raise ConfigError(f"{p}: nested too deeply to be a configuration") from None
+    except UnicodeDecodeError: raise ConfigError(f"{p} is not a text file (UTF-8)") from None
     except yaml.YAMLError as e:
         m = getattr(e, "problem_mark", None); where = f":{m.line + 1}:{m.column + 1}" if m else ""
         raise ConfigError(f"{p}{where}: not valid YAML or JSON ({getattr(e, 'problem', None) or e})") from None
@@ -246,12 +262,14 @@ def train_command(args, # the parsed command-line arguments
     method, preset = given.pop("method", "baseline"), given.pop("preset", None)
     cfg = preset_config(method, preset, **{**CLI_DEFAULTS, **given})
     cfg = dataset_defaults(cfg, given, METHODS.get(method).presets.get(preset, {}) if preset else {})
+    from dml_book.train import RUN_FILES
+    check_folder(cfg.out, "choose another --out", create=False); refuse_links(cfg.out, RUN_FILES)   # before any work
     trainer = Trainer(cfg)
     final = trainer.fit()
     if not trainer.dist.is_main: return 0   # under torchrun, rank 0 reports
     if cfg.umap and getattr(trainer, "last_embedding", None) is not None:   # the command line draws, not the trainer
         from dml_book.viz import plot_umap   # slow to import (umap)
-        plot_umap(*trainer.last_embedding, title=f"{cfg.dataset} test split, epoch {trainer.epoch}").savefig(trainer.out/"umap.png", dpi=120)
+        save_figure(plot_umap(*trainer.last_embedding, title=f"{cfg.dataset} test split, epoch {trainer.epoch}"), trainer.out/"umap.png")
     print(f"\n{cfg.method} / {trainer.method.own_loss or cfg.loss} on {cfg.dataset}, {cfg.epochs} epochs (unseen test classes):")
     print(results_table(trainer.history[0], final))
     print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt, preprocessing.json" + (", umap.png" if cfg.umap else ""))
@@ -274,9 +292,37 @@ def one_line(message: str, # an error message, perhaps of several lines
     parts = [l.strip() for l in message.splitlines() if l.strip()]
     return "".join(p if i == 0 else (" " if parts[i-1].endswith(":") else "; ") + p for i, p in enumerate(parts))
 
+MAX_MESSAGE = 2000   # characters of an error line at most: a message quoting a long list is cut, never a screenful
+
+def error_line(e: BaseException, # an error to report
+              ) -> str:
+    "The one line `dml-book` writes for `e`: its message on one line, an OSError with its file, cut to `MAX_MESSAGE`."
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, USER_ERRORS):   # a general OSError: the file and why
+        msg = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+        msg += "; check the path, its permissions and the free space, or choose another output"
+    else: msg = one_line(str(e))
+    line = f"dml-book: error: {msg}"
+    return line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE - 3] + "..."
+
+INTERRUPTED = {"train": "every file written so far is whole: run the same command again to resume from the last checkpoint",
+               "experiment": "runs that finished are kept: run the same command again to train the rest"}
+
+def _quiet_stdout():
+    "After a broken pipe (`dml-book ... | head`): send stdout to /dev/null, so that Python's final flush is silent too."
+    try: os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError): pass
+
 def main(argv: list[str] | None = None, # the arguments after `dml-book`; None: `sys.argv[1:]`
         ) -> int:
-    "Entry point of the `dml-book` command."
+    "Entry point of the `dml-book` command: 0, 2 for an error (one line), 130 for Ctrl-C, 141 for a closed pipe."
+    argv = sys.argv[1:] if argv is None else argv
+    try: return _run(argv)
+    except KeyboardInterrupt:   # one write, as for errors
+        hint = INTERRUPTED.get(next((a for a in argv if not a.startswith("-")), ""), "files written so far are whole")
+        sys.stderr.write(f"dml-book: interrupted; {hint}\n"); return 130
+    except BrokenPipeError: _quiet_stdout(); return 141   # the reader went away (head, less): not an error worth a word
+
+def _run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     commands = {"train": train_command, "experiment": experiment_command, "evaluate": evaluate_command,
                 "embed": embed_command, "index": index_command, "search": search_command, "list": list_command}
@@ -285,8 +331,9 @@ def main(argv: list[str] | None = None, # the arguments after `dml-book`; None: 
     try:
         rc = commands[args.command](args); clean = True
         return rc
-    except USER_ERRORS as e:
-        sys.stderr.write(f"dml-book: error: {one_line(str(e))}\n")   # one write: the ranks of a torchrun job do not interleave
+    except BrokenPipeError: raise
+    except (*USER_ERRORS, OSError) as e:   # OSError: a read-only folder, a full disk, a folder where a file should be ...
+        sys.stderr.write(error_line(e) + "\n")   # one write: the ranks of a torchrun job do not interleave
         return 2
     finally: end_distributed(clean)   # under torchrun: every rank leaves the group before it exits
 

@@ -12,8 +12,8 @@ from .registry import ConfigError, quote
 
 # %% auto #0
 __all__ = ['FIGURE_SUFFIXES', 'MANIFEST', 'MANIFEST_SCHEMA', 'FileError', 'write_bytes', 'to_json', 'write_text', 'write_json',
-           'append_line', 'open_lock', 'check_folder', 'check_output', 'save_figure', 'write_folder', 'read_bytes',
-           'check_schema', 'read_json', 'read_folder', 'bounded_memory']
+           'append_line', 'open_lock', 'check_folder', 'refuse_links', 'check_output', 'save_figure', 'write_folder',
+           'read_bytes', 'check_schema', 'read_json', 'read_folder', 'bounded_memory']
 
 # %% ../nbs/08e_files.ipynb #3b0ed1ba
 class FileError(ConfigError):
@@ -118,13 +118,19 @@ def open_lock(path, # the lock file, created if missing
     return open(_open_regular(Path(path), os.O_RDWR | os.O_CREAT, fix, "open"), "r+", encoding="utf-8")
 
 # %% ../nbs/08e_files.ipynb #720468fb
-def check_folder(folder, # an output folder, created if missing
+def check_folder(folder, # an output folder
                  fix: str = "choose another output folder", # the end of the message of a refusal
+                 create: bool = True, # create it and prove it writable with a probe file; False: only look
                 ) -> Path:
-    "Create `folder` if needed and prove it writable (a probe file created and removed); a `FileError` otherwise."
+    "Create `folder` if needed and prove it writable (or, not creating, check its nearest existing folder); a `FileError` otherwise."
     folder = Path(folder)
     if folder.exists() and not folder.is_dir(): raise FileError(f"{folder} is a file, not a folder; {fix}")
     if folder.is_symlink() and not folder.exists(): raise FileError(f"{folder} is a link to nothing; {fix}")
+    if not create:   # look only: the nearest folder that exists must be writable (access(2) sees read-only file systems)
+        near = next(p for p in (folder, *folder.parents) if p.exists())
+        if not near.is_dir(): raise FileError(f"{near} is a file, not a folder; {fix}")
+        if not os.access(near, os.W_OK | os.X_OK): raise FileError(f"output folder {folder} is not writable ({near} is not); {fix}")
+        return folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder/f".write-test.{secrets.token_hex(4)}"
@@ -132,9 +138,16 @@ def check_folder(folder, # an output folder, created if missing
     except OSError as e: raise FileError(f"output folder {folder} is not writable ({e.strerror or e}); {fix}") from None
     return folder
 
+def refuse_links(folder, # an output folder
+                 names, # the names of the files that will be written into it
+                ):
+    "Refuse (`FileError`) if any of `names` in `folder` is a symbolic link: checked before any work, by `lstat`."
+    for name in names: _no_link(Path(folder)/name)
+
 def check_output(path, # an output file
                  suffixes: tuple = (), # the endings it may have (lower case, with the dot); () for any
                  fix: str = "choose another output", # the end of the message of a refusal
+                 create: bool = False, # create its folder now (else only look, as before any work)
                 ) -> Path:
     "Check, before any work, that `path` can be written: its suffix, not a link, not a folder, its folder writable."
     path = Path(path)
@@ -142,7 +155,7 @@ def check_output(path, # an output file
         raise FileError(f"{path}: the output must end in {' or '.join(suffixes)}")
     _no_link(path)
     if path.is_dir(): raise FileError(f"{path} is a folder, not a file; {fix}")
-    check_folder(path.parent, fix)
+    check_folder(path.parent, fix, create)
     return path
 
 # %% ../nbs/08e_files.ipynb #d4e2bce9
@@ -153,7 +166,7 @@ def save_figure(fig, # a matplotlib figure
                 dpi: int = 120, # resolution of raster formats
                ) -> Path:
     "Render `fig` in the format of `path`'s suffix and `write_bytes` it."
-    path = check_output(path, FIGURE_SUFFIXES)
+    path = check_output(path, FIGURE_SUFFIXES, create=True)
     buf = io.BytesIO(); fig.savefig(buf, format=path.suffix[1:].lower(), dpi=dpi)
     return write_bytes(path, buf.getvalue())
 

@@ -10,12 +10,16 @@ import json
 from pathlib import Path
 from typing import Literal, get_args
 import numpy as np
-from .inference import load_run, embed, image_files, open_image, CheckpointName
-from .registry import check_choice
+from .inference import load_run, embed, image_files, open_image, CheckpointName, checkpoint_file
+from .registry import check_choice, quote
+from .checkpoint import checkpoint_digest
+from .files import (FileError, MANIFEST, write_folder, read_folder, read_bytes, check_schema, check_folder,
+                            bounded_memory)
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['IndexKind', 'IndexMetric', 'KINDS', 'METRICS', 'Index', 'index_images', 'search_images', 'plot_search']
+__all__ = ['IndexKind', 'IndexMetric', 'KINDS', 'METRICS', 'INDEX_FILES', 'MAX_DIM', 'INDEX_SCHEMA', 'Index', 'check_index_out',
+           'index_images', 'check_index_model', 'search_images', 'plot_search']
 
 # %% ../nbs/12a_nn_index.ipynb #41e70925
 IndexKind = Literal["flat", "ivf", "hnsw"]   # exact, or approximate (for large galleries): inverted file, or HNSW graph
@@ -42,7 +46,7 @@ class Index:
                  nlist: int = 1024, # IVF: number of k-means cells (at most one per 39 vectors it is trained on)
                  nprobe: int = 16, # IVF: cells visited per query
                  hnsw_m: int = 32, # HNSW: links per vector
-                 run: dict|None = None): # where the embeddings come from: {"dir": run folder, "checkpoint": "best"|"last"}
+                 run: dict|None = None): # where the embeddings come from: {"dir": run folder, "checkpoint": "best"|"last", "sha256": its checksum}
         self.dim, self.metric, self.kind, self.nlist, self.nprobe, self.hnsw_m = dim, metric, kind, nlist, nprobe, hnsw_m
         self.run, self.paths = run, []
         self.index = None if kind == "ivf" else _faiss_index(dim, metric, kind, nlist, hnsw_m)   # IVF: built when trained
@@ -96,33 +100,86 @@ def search(self: Index, queries, # (q, dim) query embeddings
     return [[{"path": self.paths[j], "distance": float(dj)} for dj, j in zip(drow, irow) if j >= 0] for drow, irow in zip(d, i)]
 
 # %% ../nbs/12a_nn_index.ipynb #fbf6255e
+INDEX_FILES = ("index.faiss", "index.json")   # what an index folder holds, besides its manifest
+MAX_DIM = 1 << 16   # the largest embedding dimension an index.json may declare
+
+def _int(v): return isinstance(v, int) and not isinstance(v, bool)
+def _run_ok(v) -> bool:
+    return v is None or (isinstance(v, dict) and isinstance(v.get("dir"), str) and v.get("checkpoint") in get_args(CheckpointName)
+                         and (v.get("sha256") is None or isinstance(v["sha256"], str) and len(v["sha256"]) == 64))
+INDEX_SCHEMA = {
+    "version": (lambda v: v == 2, "2 (an index of this version of dml_book)"),
+    "dim": (lambda v: _int(v) and 1 <= v <= MAX_DIM, f"an embedding dimension of 1 to {MAX_DIM}"),
+    "metric": (lambda v: v in METRICS, " or ".join(METRICS)), "kind": (lambda v: v in KINDS, ", ".join(KINDS)),
+    "nlist": (lambda v: _int(v) and 1 <= v <= 1 << 20, "1 to 2**20 cells"), "nprobe": (lambda v: _int(v) and 1 <= v <= 1 << 20, "1 to 2**20 cells"),
+    "hnsw_m": (lambda v: _int(v) and 1 <= v <= 1024, "1 to 1024 links"),
+    "run": (_run_ok, "null or {dir, checkpoint: best or last, sha256}"),
+    "paths": (lambda v: isinstance(v, list) and all(isinstance(p, str) for p in v), "a list of file paths")}
+
+# %% ../nbs/12a_nn_index.ipynb #89a12691
+def _recorded_run(folder: Path):
+    "The run folder an existing `index.json` records (read without its manifest); `...` when it cannot be read."
+    try: return json.loads(read_bytes(folder/"index.json", "", 1 << 30))["run"]["dir"]
+    except Exception: return ...
+
+def check_index_out(folder, # the index folder to write
+                    run_dir=None, # the run whose index it will hold (None: none)
+                    force: bool = False, # replace whatever index is there
+                   ) -> Path:
+    "Refuse, before any work, a folder holding files that are not an index, or another run's index (unless `force`)."
+    f = check_folder(folder, "choose another --out", create=False)
+    present = sorted(p.name for p in f.iterdir() if not p.name.startswith(".")) if f.is_dir() else []
+    if force or not present: return f
+    theirs, mine = _recorded_run(f), str(Path(run_dir).resolve()) if run_dir is not None else None
+    if set(present) <= {*INDEX_FILES, MANIFEST} and theirs == mine: return f   # this run's index again: rebuilt in place
+    held = (f"the index of another run ({quote(theirs)})" if set(present) <= {*INDEX_FILES, MANIFEST} and theirs is not ...
+            else f"files that are not an index of this run ({quote(', '.join(present[:5]))})")
+    raise FileError(f"{f} holds {held}; choose another --out, or pass --force to replace it")
+
+# %% ../nbs/12a_nn_index.ipynb #fb75cb7d
 @patch
 def save(self: Index,
          folder, # the folder to write (created if missing)
+         force: bool = False, # replace another run's index (or other files) there
         ) -> Path:
-    "Write the index to `folder` (`index.faiss`, `index.json`); returns the folder."
+    "Write the index to `folder`: `index.faiss`, `index.json`, then `manifest.json` (`write_folder`); returns the folder."
     import faiss
     if self.index is None: raise ValueError("the index is empty: add embeddings first")
-    out = Path(folder); out.mkdir(parents=True, exist_ok=True)
-    faiss.write_index(self.index, str(out/"index.faiss"))
-    meta = dict(version=1, dim=self.dim, metric=self.metric, kind=self.kind, nlist=self.nlist, nprobe=self.nprobe,
+    check_index_out(folder, (self.run or {}).get("dir"), force)
+    meta = dict(version=2, dim=self.dim, metric=self.metric, kind=self.kind, nlist=self.nlist, nprobe=self.nprobe,
                 hnsw_m=self.hnsw_m, run=self.run, paths=self.paths)
-    (out/"index.json").write_text(json.dumps(meta, indent=1))
-    return out
+    return write_folder(folder, {"index.faiss": faiss.serialize_index(self.index).tobytes(),
+                                 "index.json": json.dumps(meta, indent=1).encode()}, "choose another --out")
+
+# %% ../nbs/12a_nn_index.ipynb #e0c97b80
+def _faiss_kind(index) -> str | None:
+    import faiss
+    for kind, cls in (("ivf", faiss.IndexIVFFlat), ("hnsw", faiss.IndexHNSWFlat), ("flat", faiss.IndexFlat)):
+        if isinstance(index, cls): return kind
 
 @patch(cls_method=True)
 def load(cls: Index,
          folder, # a folder written by `Index.save`
         ) -> Index:
-    "The index saved in `folder`."
+    "The index saved in `folder`, its files checked against the manifest, `index.json` against `INDEX_SCHEMA`, faiss's against both."
     import faiss
-    f = Path(folder)
-    if not (f/"index.json").exists() or not (f/"index.faiss").exists():
-        raise FileNotFoundError(f"{f} is not an index folder (expected index.json and index.faiss; see `dml-book index`)")
-    meta = json.loads((f/"index.json").read_text())
+    f = Path(folder); fix = f"rebuild it: dml-book index RUN IMAGES --out {f} --force"
+    data = read_folder(f, INDEX_FILES, "an index", fix)
+    try: meta = json.loads(data["index.json"])
+    except (ValueError, RecursionError): raise FileError(f"{f/'index.json'} is not valid JSON; {fix}") from None
+    check_schema(meta, INDEX_SCHEMA, f/"index.json", fix)
+    try:
+        with bounded_memory(4 * len(data["index.faiss"]) + (256 << 20)):
+            index = faiss.deserialize_index(np.frombuffer(data["index.faiss"], dtype=np.uint8))   # of its own class
+    except (RuntimeError, MemoryError) as e: raise FileError(f"{f/'index.faiss'} cannot be read by faiss ({type(e).__name__}); {fix}") from None
+    found = dict(dim=index.d, metric="l2" if index.metric_type == faiss.METRIC_L2 else "ip" if index.metric_type == faiss.METRIC_INNER_PRODUCT else index.metric_type,
+                 kind=_faiss_kind(index), vectors=index.ntotal, **({"nlist": index.nlist} if _faiss_kind(index) == "ivf" else {}))
+    wanted = dict(dim=meta["dim"], metric=meta["metric"], kind=meta["kind"], vectors=len(meta["paths"]), **({"nlist": meta["nlist"]} if "nlist" in found else {}))
+    if found != wanted:
+        k = next(k for k in wanted if found[k] != wanted[k])
+        raise FileError(f"{f/'index.faiss'} holds {k} {quote(found[k])} but {f/'index.json'} says {quote(wanted[k])}; {fix}")
     self = cls(meta["dim"], meta["metric"], meta["kind"], meta["nlist"], meta["nprobe"], meta["hnsw_m"], meta["run"])
-    self.index, self.paths = faiss.read_index(str(f/"index.faiss")), list(meta["paths"])
-    if self.index.ntotal != len(self.paths): raise ValueError(f"{f}: {self.index.ntotal} vectors but {len(self.paths)} paths")
+    self.index, self.paths, self.folder = index, list(meta["paths"]), f
     return self
 
 # %% ../nbs/12a_nn_index.ipynb #94b90672
@@ -132,21 +189,40 @@ def index_images(run_dir, # a training run's output folder
                  device: str = "auto", # auto, cpu, cuda ...
                  batch_size: int = 256, # images per forward pass
                  **kwargs) -> Index: # `Index` settings: metric, kind, nlist, nprobe, hnsw_m
-    "An `Index` of the images in `inputs`, embedded by the run's network with its evaluation preprocessing."
+    "An `Index` of the images in `inputs`, embedded by the run's network; it records the run and its checkpoint's SHA-256."
     files = image_files(*inputs)
+    digest = checkpoint_digest(checkpoint_file(run_dir, checkpoint))
     model, transform, _ = load_run(run_dir, checkpoint, device)
-    run = {"dir": str(Path(run_dir).resolve()), "checkpoint": checkpoint}
+    run = {"dir": str(Path(run_dir).resolve()), "checkpoint": checkpoint, "sha256": digest}
     return Index.build(embed(model, files, transform, batch_size), [p.resolve() for p in files], run=run, **kwargs)
 
+# %% ../nbs/12a_nn_index.ipynb #4e5c2ae9
+def check_index_model(index: Index, # an index made by `index_images` (it records its run)
+                      run_dir=None, # the run folder, if moved since (default: the folder the index records)
+                     ) -> Path:
+    "The run folder to embed queries with; a `FileError` when its checkpoint is not the one that embedded the gallery."
+    if not index.run: raise ValueError("the index records no run: embed the queries yourself and call Index.search")
+    where = getattr(index, "folder", None) or "the index"
+    run = Path(run_dir if run_dir is not None else index.run["dir"])
+    if not run.is_dir(): raise FileError(f"{where} was built with the run {run}, which is not there; if it moved, give its new place: --run DIR")
+    path = checkpoint_file(run, index.run["checkpoint"])
+    want, got = index.run.get("sha256"), checkpoint_digest(path)
+    if want is not None and got != want:
+        raise FileError(f"{where} was built with checkpoint sha256 {want[:12]}..., but {path} is {got[:12]}... (trained further, or "
+                        f"another run): its queries would not match the gallery; rebuild it: dml-book index {run} IMAGES --out {where} --force")
+    return run
+
+# %% ../nbs/12a_nn_index.ipynb #5ceae631
 def search_images(index: Index, # an index made by `index_images` (it records its run)
                   queries, # query image files and folders
                   k: int = 5, # neighbours per query
                   device: str = "auto", # auto, cpu, cuda ...
+                  run_dir=None, # the run folder, if moved since indexing (default: the one the index records)
                  ) -> tuple[list[Path], list[list[dict]]]: # the query files, and per query its neighbours
-    "The query files and the `k` nearest gallery images of each, embedded with the index's run."
-    if not index.run: raise ValueError("the index records no run: embed the queries yourself and call Index.search")
+    "The query files and the `k` nearest gallery images of each, embedded with the index's run (its checkpoint checked)."
+    run = check_index_model(index, run_dir)
     files = image_files(*queries)
-    model, transform, _ = load_run(index.run["dir"], index.run["checkpoint"], device)
+    model, transform, _ = load_run(run, index.run["checkpoint"], device)
     return files, index.search(embed(model, files, transform), k)
 
 # %% ../nbs/12a_nn_index.ipynb #a23aa38b

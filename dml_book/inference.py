@@ -6,20 +6,23 @@ Docs: https://dml-book.github.io/dml_book/inference.html.md"""
 
 # %% ../nbs/12_inference.ipynb #efe50a97
 from __future__ import annotations
-import json
+import io, json, math
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Literal, get_args
 import numpy as np, torch
 from torch import nn
 from PIL import Image
-from .registry import DATASETS, check_choice
+from .registry import DATASETS, check_choice, quote
 from .data.core import build_split, preprocessing_spec
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
+from .files import FileError, read_json, check_output, check_folder, write_bytes, write_text
 
 # %% auto #0
-__all__ = ['CheckpointName', 'IMAGE_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel',
-           'load_run', 'image_files', 'embed', 'evaluate_run', 'save_embeddings']
+__all__ = ['CheckpointName', 'METRICS_SCHEMA', 'MAX_SIDE', 'INTERPOLATIONS', 'PREPROCESSING_SCHEMA', 'IMAGE_SUFFIXES',
+           'EMBEDDING_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel',
+           'read_preprocessing', 'load_run', 'image_files', 'embed', 'evaluate_run', 'check_embeddings_out',
+           'save_embeddings']
 
 # %% ../nbs/12_inference.ipynb #7a11afbb
 def open_image(path, # an image file
@@ -75,18 +78,25 @@ def checkpoint_file(run_dir, # a training run's output folder
     raise FileNotFoundError(f"{run} holds no checkpoint.pt: not a training run, or it has not finished an epoch")
 
 # %% ../nbs/12_inference.ipynb #3088dcf5
+METRICS_SCHEMA = {"config": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v), "a mapping of TrainConfig fields"),
+                  "final": (lambda v: isinstance(v, dict) and all(v[k] is None or isinstance(v[k], (int, float)) for k in v), "a mapping of metric: number")}
+
 def run_config(run_dir, # a training run's output folder
               ) -> TrainConfig:
-    "The `TrainConfig` a run was trained with, from `metrics.json` or else its checkpoint."
-    run = Path(run_dir)
-    if (run/"metrics.json").exists(): saved = json.loads((run/"metrics.json").read_text())["config"]
-    else: saved = _read_checkpoint(checkpoint_file(run, "last"))["config"]
+    "The `TrainConfig` a run was trained with, from `metrics.json` (read through `METRICS_SCHEMA`) or else its checkpoint."
+    from dml_book.config import check_fields
+    run = Path(run_dir); m = run/"metrics.json"
+    fix = f"rerun `dml-book train --out {run}` with its configuration to rewrite it, or delete it (the checkpoint holds the configuration too)"
+    if m.exists() or m.is_symlink(): saved, source = read_json(m, METRICS_SCHEMA, fix, max_bytes=256 << 20)["config"], m
+    else: saved, source = _read_checkpoint(checkpoint_file(run, "last"))["config"], checkpoint_file(run, "last")
     known = {f.name for f in fields(TrainConfig)}
     unknown = sorted(set(saved) - known)
-    if unknown: raise ConfigError(f"{run} was written by another version of dml_book (unknown settings: {', '.join(unknown)})")
+    if unknown: raise ConfigError(f"{run} was written by another version of dml_book (unknown settings: {quote(', '.join(unknown))})")
     tuples = {f.name for f in fields(TrainConfig) if str(f.type).startswith("tuple")}   # JSON wrote them as lists
-    saved = {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in saved.items()}
-    return TrainConfig(**saved)
+    cfg = TrainConfig(**{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in saved.items()})
+    try: check_fields(cfg)
+    except ConfigError as e: raise FileError(f"{source}: {e}; {fix}") from None
+    return cfg
 
 # %% ../nbs/12_inference.ipynb #4c0937d9
 class RunModel(nn.Module):
@@ -106,6 +116,40 @@ class RunModel(nn.Module):
     @property
     def device(self) -> torch.device: return self.trainer.device
 
+# %% ../nbs/12_inference.ipynb #9294c95c
+MAX_SIDE = 8192   # pixels: the largest resize or crop side a preprocessing.json may ask for
+INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "hamming", "lanczos")   # torchvision's modes
+
+def _side(v): return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_SIDE
+def _size(v): return v is None or _side(v) or (isinstance(v, list) and len(v) == 2 and all(map(_side, v)))
+def _stats(v): return v is None or (isinstance(v, list) and len(v) in (1, 3) and
+                                    all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v))
+PREPROCESSING_SCHEMA = {
+    "mode": (lambda v: v in ("RGB", "L"), "RGB or L"),
+    "resize": (_size, f"null, a side or [height, width] of 1 to {MAX_SIDE} pixels"),
+    "center_crop": (_size, f"null, a side or [height, width] of 1 to {MAX_SIDE} pixels"),
+    "mean": (_stats, "null or 1 or 3 finite numbers"),
+    "std": (lambda v: _stats(v) and (v is None or all(x > 0 for x in v)), "null or 1 or 3 positive numbers"),
+    "interpolation": (lambda v: v in INTERPOLATIONS, ", ".join(INTERPOLATIONS))}
+
+# %% ../nbs/12_inference.ipynb #ae3ced7e
+def read_preprocessing(run_dir, # a training run's output folder
+                       cfg: TrainConfig, # its configuration (`run_config`)
+                      ) -> dict:
+    "The run's `preprocessing.json` through `PREPROCESSING_SCHEMA`, refused where it disagrees with `cfg` (derived again if absent)."
+    run = Path(run_dir); f = run/"preprocessing.json"
+    fix = f"rerun `dml-book train --out {run}` with its configuration to rewrite it, or delete it"
+    configured = preprocessing_spec(cfg) if DATASETS.get(cfg.dataset).default_transform(False) is not None else None
+    if not f.exists() and not f.is_symlink(): return configured if configured is not None else preprocessing_spec(cfg)
+    spec = read_json(f, PREPROCESSING_SCHEMA, fix, max_bytes=64 << 10)
+    channels = 3 if spec["mode"] == "RGB" else 1
+    if (spec["mean"] is None) != (spec["std"] is None) or spec["mean"] is not None and {len(spec["mean"]), len(spec["std"])} != {channels}:
+        raise FileError(f"{f}: mean and std must both be null or both give {channels} value(s) for mode {spec['mode']}; {fix}")
+    differ = [k for k in PREPROCESSING_SCHEMA if configured is not None and spec[k] != configured[k]]
+    if differ: raise FileError(f"{f} disagrees with the run's configuration ({differ[0]}: {quote(spec[differ[0]])} recorded, "
+                               f"{quote(configured[differ[0]])} configured); {fix}")
+    return {k: spec[k] for k in PREPROCESSING_SCHEMA}
+
 # %% ../nbs/12_inference.ipynb #086ef2e3
 def load_run(run_dir, # a training run's output folder
              checkpoint: CheckpointName = "best", # best.pt (when a validation split chose one, else the last) or the last
@@ -117,9 +161,7 @@ def load_run(run_dir, # a training run's output folder
     trainer = Trainer(replace(cfg, device=device, progress=False, umap=False, out=str(run)))
     state = _read_checkpoint(path, map_location=trainer.device)
     trainer.model.load_state_dict(state["model"]); trainer.method.load_state_dict(state["method"])
-    spec_file = run/"preprocessing.json"
-    spec = json.loads(spec_file.read_text()) if spec_file.exists() else preprocessing_spec(cfg)
-    return RunModel(trainer), Preprocess(spec), cfg
+    return RunModel(trainer), Preprocess(read_preprocessing(run, cfg)), cfg
 
 # %% ../nbs/12_inference.ipynb #b50cc619
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -178,15 +220,33 @@ def evaluate_run(run_dir, # a training run's output folder
     return tr.evaluate()
 
 # %% ../nbs/12_inference.ipynb #e6736774
+EMBEDDING_SUFFIXES = (".npz", ".npy")   # what `save_embeddings` writes
+
+def check_embeddings_out(file, # .npz or .npy
+                         paths=(), # the image paths to be listed (.npy: one per line of <name>.paths.txt)
+                        ) -> Path:
+    "Check, before embedding, that `file` can be written and, for .npy, that every path fits one line of its paths file."
+    f = check_output(file, EMBEDDING_SUFFIXES, "choose another --out")
+    if f.suffix.lower() != ".npy": return f
+    check_output(f.with_suffix(".paths.txt"), (), "choose another --out")
+    for p in map(str, paths):
+        try: bad = "holds a line break" if "\n" in p or "\r" in p else (p.encode("utf-8") and None)
+        except UnicodeEncodeError: bad = "is not UTF-8"
+        if bad: raise FileError(f"the image path {quote(p)} {bad}, so {f.with_suffix('.paths.txt')} cannot list it on one line: "
+                                f"write --out FILE.npz (it stores any name), or rename the file")
+    return f
+
 def save_embeddings(file, # .npz, or .npy (paths go to <name>.paths.txt)
                     embeddings: np.ndarray, # (N, D) embeddings
                     paths, # the N image paths
                    ) -> list[Path]: # the files written
-    "Write embeddings and their image paths to `file`."
+    "Write embeddings and their image paths to `file`, each file atomically; a .npy last, after its paths file."
     f, paths = Path(file), [str(p) for p in paths]
     if len(paths) != len(embeddings): raise ValueError(f"{len(embeddings)} embeddings but {len(paths)} paths")
-    f.parent.mkdir(parents=True, exist_ok=True)
-    if f.suffix == ".npz": np.savez(f, embeddings=embeddings, paths=np.asarray(paths)); return [f]
-    if f.suffix != ".npy": raise ValueError(f"{f}: the output must end in .npz or .npy")
-    np.save(f, embeddings); (txt := f.with_suffix(".paths.txt")).write_text("".join(p + "\n" for p in paths))
-    return [f, txt]
+    check_embeddings_out(f, paths); check_folder(f.parent, "choose another --out")
+    buf = io.BytesIO()
+    if f.suffix.lower() == ".npz":
+        np.savez(buf, embeddings=embeddings, paths=np.asarray(paths, dtype=str)); return [write_bytes(f, buf.getvalue())]
+    f.unlink(missing_ok=True)   # until the new .npy is written, there is no pair to misread
+    txt = write_text(f.with_suffix(".paths.txt"), "".join(p + "\n" for p in paths))
+    np.save(buf, embeddings); return [write_bytes(f, buf.getvalue()), txt]

@@ -14,19 +14,20 @@ import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
 from fastcore.basics import patch
 from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
-from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder
+from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder, check_evaluation
 from .models import build_model, Head
 from .methods.base import Method
 from .samplers import ClassBalancedBatchSampler
 from .checkpoint import write_checkpoint, read_checkpoint
+from .files import FileError, to_json, write_json, write_text, append_line, open_lock, check_folder, refuse_links
 from .config import ConfigError, check_config, OptimizerName, LRSchedule, LRStepPer, Precision
 from .losses.base import NonFiniteError
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, on_main)
 
 # %% auto #0
-__all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler', 'Trainer',
-           'resolve_workers', 'channels_last_collate', 'precision_view', 'to_json', 'TrainingDiverged', 'environment',
+__all__ = ['RUN_FILES', 'TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler',
+           'Trainer', 'resolve_workers', 'channels_last_collate', 'precision_view', 'TrainingDiverged', 'environment',
            'select_epoch', 'lock_out', 'train']
 
 # %% ../nbs/08_train.ipynb #a4fa698a
@@ -173,6 +174,7 @@ def _build_data(self: Trainer):
     if self.protocol == "reid": self.query_ds, self.gallery_ds = (build_split(cfg, s, False) for s in ("query", "gallery"))
     else: self.test_ds = build_split(cfg, "test", False)
     gallery = len(self.gallery_ds) if self.protocol == "reid" else len(self.test_ds) - 1   # a query is not its own neighbour
+    check_evaluation(self.train_ds, {"query": self.query_ds, "gallery": self.gallery_ds} if self.protocol == "reid" else {"test": self.test_ds})
     if max(cfg.ks) > gallery: raise ConfigError(f"ks={tuple(cfg.ks)}: Recall@{max(cfg.ks)} needs a gallery of at least {max(cfg.ks)} items; this one has {gallery}")
 
 # %% ../nbs/08_train.ipynb #1fcbffcf
@@ -420,19 +422,6 @@ def training_step(self: Trainer, images: torch.Tensor, # this process's batch, o
         logs = {k: v.item() if torch.is_tensor(v) else v for k, v in out.items()}
     return logs | m.after_step(self, logs)
 
-# %% ../nbs/08_train.ipynb #9e429f2f
-def _finite(v):
-    if isinstance(v, float) and not math.isfinite(v): return None
-    if isinstance(v, dict): return {k: _finite(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)): return [_finite(x) for x in v]
-    return v
-
-def to_json(obj, # JSON-able data; floats may be NaN or infinite
-            **kw,
-           ) -> str:
-    "Strict JSON: a NaN or infinite number is written as null, never as a bare `NaN` token."
-    return json.dumps(_finite(obj), allow_nan=False, **kw)
-
 # %% ../nbs/08_train.ipynb #e86bb000
 @patch
 def log(self: Trainer,
@@ -441,7 +430,7 @@ def log(self: Trainer,
     "Append a record to the history and to `log.jsonl`."
     self.history.append(record)
     if not self.dist.is_main: return
-    with open(self.out/"log.jsonl", "a") as f: f.write(to_json(record) + "\n")
+    append_line(self.out/"log.jsonl", to_json(record))
 
 # %% ../nbs/08_train.ipynb #383dac17
 @patch
@@ -473,7 +462,7 @@ def load_checkpoint(self: Trainer,
     if self.scheduler: self.scheduler.load_state_dict(state["scheduler"])
     if state.get("scaler"): self.scaler.load_state_dict(state["scaler"])   # fp16's loss scale (empty for fp32, bf16)
     self.epoch, self.step, self.history = state["epoch"], state["step"], state["history"]
-    if self.dist.is_main: (self.out/"log.jsonl").write_text("".join(to_json(r) + "\n" for r in self.history))
+    if self.dist.is_main: write_text(self.out/"log.jsonl", "".join(to_json(r) + "\n" for r in self.history))
 
 # %% ../nbs/08_train.ipynb #334cc56b
 class TrainingDiverged(RuntimeError):
@@ -569,27 +558,25 @@ def write_metrics(self: Trainer):
                    final=self.final_metrics, epochs=epochs)
     if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
         summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
-    (self.out/"metrics.json").write_text(to_json(summary, indent=1))
+    write_json(self.out/"metrics.json", summary, indent=1)
 
 # %% ../nbs/08_train.ipynb #3821e814
+RUN_FILES = ("log.jsonl", ".lock", "metrics.json", "preprocessing.json", "checkpoint.pt", "best.pt", "umap.png")   # what a run writes
+
 def _prepare_out(out: Path):
-    "Create the output folder, or fail with a one-line reason."
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out/".write-test"; probe.write_text(""); probe.unlink()
-    except OSError as e: raise ConfigError(f"output folder {out} is not writable ({e.strerror or e})") from None
+    "Create the output folder (or fail with a one-line reason); refuse a link in place of any file a run writes."
+    check_folder(out, "choose another --out"); refuse_links(out, RUN_FILES)
 
 def _record_preprocessing(self: Trainer):
-    "Write `preprocessing.json`: how `dml_book.inference.load_run` will read images for this run's network."
-    if (self.out/"preprocessing.json").exists(): return
-    (self.out/"preprocessing.json").write_text(json.dumps(preprocessing_spec(self.cfg, self.train_ds[0][0])))
+    "Write `preprocessing.json` from this run's configuration: how `dml_book.inference.load_run` will read images."
+    write_json(self.out/"preprocessing.json", preprocessing_spec(self.cfg, self.train_ds[0][0]))
 
 # %% ../nbs/08_train.ipynb #39dc76e2
 def lock_out(out: Path, # the run's output folder
             ):
     "Hold an OS lock on `out/.lock` (released when the process dies); a folder in use is a `ConfigError` naming the holder."
     import fcntl
-    f = open(out/".lock", "a+")
+    f = open_lock(out/".lock", "choose another --out")
     try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.seek(0); pid = f.read().strip() or "unknown"; f.close()
@@ -602,13 +589,15 @@ def lock_out(out: Path, # the run's output folder
 def fit(self: Trainer) -> dict:
     "Train (resuming from `out/checkpoint.pt` if present), evaluate, and write `metrics.json`; returns the final metrics."
     cfg = self.cfg
-    if self.dist.is_main: _prepare_out(self.out); _record_preprocessing(self)
+    if self.dist.is_main: _prepare_out(self.out)
     lock = lock_out(self.out) if self.dist.is_main else None   # rank 0 holds the folder until the run ends
     try:
         if self.dist.enabled: torch.distributed.barrier()
-        if (self.out/"checkpoint.pt").exists(): self.load_checkpoint(self.out/"checkpoint.pt")
-        else:
-            if self.dist.is_main: (self.out/"log.jsonl").write_text("")
+        resume = (self.out/"checkpoint.pt").exists()
+        if resume: self.load_checkpoint(self.out/"checkpoint.pt")   # refuses a checkpoint of another configuration
+        if self.dist.is_main: _record_preprocessing(self)   # from this configuration, at every (re)start
+        if not resume:
+            if self.dist.is_main: write_text(self.out/"log.jsonl", "")
             self.log({"epoch": 0, "step": 0, "kind": "epoch", **self.evaluate(), **self.validate()})
             self.keep_if_best()
         while self.epoch < cfg.epochs:
