@@ -34,14 +34,22 @@ def _parse_type(annotation: str):
     "A converter for a `TrainConfig` field's annotation string."
     if annotation.startswith("dict"): return _json
     if annotation == "int | str": return lambda s: int(s) if s.lstrip("-").isdigit() else s   # a number or a word (auto)
-    for name, conv in (("bool", None), ("int", int), ("float", float), ("tuple", int)):
+    for name, conv in (("bool", None), ("int", _number(int)), ("float", _number(float)), ("tuple", _number(int))):
         if annotation.startswith(name): return conv
     return str
 
 def _json(s: str):
-    "`json.loads` for a flag; argparse reports its ValueError as a usage error (a nesting too deep is one too)."
+    "`json.loads` for a flag; a value that is not JSON (or nests too deeply) is a usage error that quotes it short."
     try: return json.loads(s)
-    except RecursionError: raise ValueError("nested too deeply") from None
+    except (ValueError, RecursionError) as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({getattr(e, 'msg', 'nested too deeply')}): {quote(s)}") from None
+
+def _number(kind: type):
+    "A converter to `kind` (int or float) whose usage error quotes the value short (argparse's own quotes it whole)."
+    def convert(s: str):
+        try: return kind(s)
+        except ValueError: raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {quote(s)}") from None
+    return convert
 
 CLI_DEFAULTS = {"progress": True, "umap": True}   # where `dml-book train` departs from `TrainConfig`'s defaults
 

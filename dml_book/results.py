@@ -86,11 +86,12 @@ def launch_torchrun(cfg, # the run to train
                    ):
     "Train `cfg` in `nproc_per_node` processes on this machine (`torchrun --standalone`); its errors on failure."
     import subprocess, sys, yaml
+    from dml_book.files import write_text
     from collections import deque
     from dataclasses import asdict
     out = Path(cfg.out); out.mkdir(parents=True, exist_ok=True)
     launch = out/"launch.yaml"
-    launch.write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}))
+    write_text(launch, yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v for k, v in asdict(cfg).items()}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc_per_node}",
            "-m", "dml_book.cli", "train", "--config", str(launch)]
     errors, tail = [], deque(maxlen=30)

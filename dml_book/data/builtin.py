@@ -6,13 +6,14 @@ Docs: https://dml-book.github.io/dml_book/data.builtin.html.md"""
 
 # %% ../../nbs/01_data.builtin.ipynb #5f0442a2
 from __future__ import annotations
-import hashlib, os, string
+import hashlib, io, os, string
 from pathlib import Path
 from typing import Literal, get_args
 import numpy as np, torch, matplotlib
 from matplotlib.ft2font import FT2Font
 from PIL import Image
 from ..registry import DATASETS, check_choice
+from ..files import write_bytes
 
 # %% auto #0
 __all__ = ['GLYPH_FONTS', 'BuiltinSplit', 'glyph_alphabet', 'font_path', 'render_glyph', 'cache_dir', 'render_glyphs',
@@ -94,8 +95,8 @@ def cached_glyphs(seed: int = 0, # seed of the jitter
         with np.load(path) as z: return z["images"], z["labels"]
     images, labels = render_glyphs(seed, per_font, size)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez_compressed(tmp, images=images, labels=labels); os.replace(tmp, path)
+    buf = io.BytesIO(); np.savez_compressed(buf, images=images, labels=labels)
+    write_bytes(path, buf.getvalue(), f"choose another cache folder than {path.parent}")
     return images, labels
 
 # %% ../../nbs/01_data.builtin.ipynb #29dfcf5b

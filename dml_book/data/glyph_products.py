@@ -6,13 +6,14 @@ Docs: https://dml-book.github.io/dml_book/data.glyph_products.html.md"""
 
 # %% ../../nbs/01g_data.glyph_products.ipynb #392581f5
 from __future__ import annotations
-import hashlib, os, unicodedata
+import hashlib, io, os, unicodedata
 from functools import lru_cache
 from pathlib import Path
 import numpy as np, matplotlib
 from matplotlib.ft2font import FT2Font
 from PIL import Image, ImageFilter
 from ..registry import DATASETS
+from ..files import write_bytes
 from .builtin import GLYPH_FONTS, font_path, cache_dir, InMemoryImages, BuiltinSplit, _split_classes
 
 # %% auto #0
@@ -70,8 +71,8 @@ def _cached(name: str, key, build, root=None) -> dict:
     if path.exists():
         with np.load(path) as z: return {k: z[k] for k in z.files}
     out = build(); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez_compressed(tmp, **out); os.replace(tmp, path)
+    buf = io.BytesIO(); np.savez_compressed(buf, **out)
+    write_bytes(path, buf.getvalue(), f"choose another cache folder than {path.parent}")
     return out
 
 def code_points(root=None, # cache folder; None: `cache_dir()`
