@@ -315,6 +315,14 @@ def error_line(e: BaseException, # an error to report
 INTERRUPTED = {"train": "every file written so far is whole: run the same command again to resume from the last checkpoint",
                "experiment": "runs that finished are kept: run the same command again to train the rest"}
 
+def _stdout_closed() -> bool:
+    "Whether stdout is a pipe whose reader has gone (poll reports an error on it): a socket's broken pipe is another matter."
+    try:
+        import select
+        p = select.poll(); p.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in p.poll(0))
+    except (OSError, ValueError, AttributeError): return False
+
 def _quiet_stdout():
     "After a broken pipe (`dml-book ... | head`): send stdout to /dev/null, so that Python's final flush is silent too."
     try: os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -328,7 +336,7 @@ def main(argv: list[str] | None = None, # the arguments after `dml-book`; None: 
     except KeyboardInterrupt:   # one write, as for errors
         hint = INTERRUPTED.get(next((a for a in argv if not a.startswith("-")), ""), "files written so far are whole")
         sys.stderr.write(f"dml-book: interrupted; {hint}\n"); return 130
-    except BrokenPipeError: _quiet_stdout(); return 141   # the reader went away (head, less): not an error worth a word
+    except BrokenPipeError: _quiet_stdout(); return 141   # the reader of stdout went away (head, less): not worth a word
 
 def _run(argv: list[str]) -> int:
     args = parser().parse_args(argv)
@@ -339,7 +347,9 @@ def _run(argv: list[str]) -> int:
     try:
         rc = commands[args.command](args); clean = True
         return rc
-    except BrokenPipeError: raise
+    except BrokenPipeError:
+        if _stdout_closed(): raise   # the reader of our output went away: main ends quietly
+        sys.stderr.write(error_line(BrokenPipeError("a connection closed (broken pipe)")) + "\n"); return 2
     except (*USER_ERRORS, OSError) as e:   # OSError: a read-only folder, a full disk, a folder where a file should be ...
         sys.stderr.write(error_line(e) + "\n")   # one write: the ranks of a torchrun job do not interleave
         return 2

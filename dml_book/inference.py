@@ -14,7 +14,7 @@ import numpy as np, torch
 from torch import nn
 from PIL import Image
 from .registry import DATASETS, check_choice, quote
-from .data.core import build_split, preprocessing_spec
+from .data.core import build_split, preprocessing_spec, check_evaluation
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
 from .files import FileError, read_json, check_output, check_folder, write_bytes, write_text
 
@@ -217,6 +217,7 @@ def evaluate_run(run_dir, # a training run's output folder
         tr.protocol = DATASETS.get(other.dataset).protocol
         if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (build_split(other, s, False) for s in ("query", "gallery"))
         else: tr.test_ds = build_split(other, "test", False)
+        check_evaluation(None, {"query": tr.query_ds, "gallery": tr.gallery_ds} if tr.protocol == "reid" else {"test": tr.test_ds})
     return tr.evaluate()
 
 # %% ../nbs/12_inference.ipynb #e6736774
