@@ -51,7 +51,7 @@ def recall_ks(v, # the value to check
 
 # %% ../nbs/08d_config.ipynb #5a1c0e22
 OptimizerName = Literal["auto", "adam", "sgd"]   # auto: the method's own choice (`Method.optimizer_name`), else adam
-LRSchedule = Literal["constant", "step", "multistep", "exponential"]   # a `torch.optim.lr_scheduler` (constant: none)
+LRSchedule = Literal["constant", "step", "multistep", "exponential", "cosine", "half_exp"]   # a `torch.optim.lr_scheduler` (constant: none)
 LRStepPer = Literal["epoch", "iteration"]   # what one step of the schedule is
 Precision = Literal["fp32", "bf16", "fp16"]   # the number format of the forward pass (`torch.autocast`)
 
@@ -99,6 +99,8 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "lr_milestones": (lambda v: isinstance(v, (tuple, list)) and all(positive_int(x) for x in v), "positive integers (scheduler steps)"),
     "lr_gamma": (lambda v: _num(v) and math.isfinite(v) and v > 0, "a finite, positive factor"),
     "lr_step_per": one_of(LRStepPer),
+    "lr_warmup_epochs": (non_negative_int, "a non-negative integer (epochs)"),
+    "lr_final_fraction": (lambda v: _num(v) and 0 <= v <= 1, "a fraction in [0, 1]"),
     "max_steps_per_epoch": (optional(positive_int), "a positive integer or None"),
     "eval_every": (positive_int, "a positive integer"),
     "val_fraction": (lambda v: _num(v) and 0 <= v < 1, "a fraction in [0, 1)"),

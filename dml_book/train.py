@@ -25,9 +25,9 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
                                   gather_shards, on_main)
 
 # %% auto #0
-__all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler', 'Trainer',
-           'resolve_workers', 'channels_last_collate', 'precision_view', 'to_json', 'TrainingDiverged', 'environment',
-           'select_epoch', 'lock_out', 'train']
+__all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'schedule_factor',
+           'build_scheduler', 'Trainer', 'resolve_workers', 'channels_last_collate', 'precision_view', 'to_json',
+           'TrainingDiverged', 'environment', 'select_epoch', 'lock_out', 'train']
 
 # %% ../nbs/08_train.ipynb #a4fa698a
 @dataclass
@@ -63,8 +63,10 @@ class TrainConfig:
     lr_milestones: tuple = ()        # multistep: the scheduler steps at which to decay
     lr_gamma: float = 0.1            # step, multistep, exponential: factor applied at each decay
     lr_step_per: LRStepPer = "epoch" # step the schedule once per "epoch" or per "iteration"
+    lr_warmup_epochs: int = 0        # cosine, half_exp: epochs of linear warm-up to the peak rate first
+    lr_final_fraction: float = 0.01  # cosine, half_exp: the rate of the last epoch (or iteration), as a fraction of the peak
     max_steps_per_epoch: int | None = None  # cap on iterations per epoch (None: the sampler's epoch length)
-    eval_every: int = 1              # evaluate on the test split every this many epochs (and after the last)
+    eval_every: int = 1              # evaluate on the test (and validation) split every this many epochs, and after the last
     val_fraction: float = 0.0        # share of the training classes held out (label-disjoint) to select the epoch; 0: none
     ks: tuple = (1, 2, 4, 8)         # Recall@K levels
     log_every: int = 1               # log training-step values every this many steps
@@ -126,8 +128,29 @@ def build_optimizer(cfg: TrainConfig, # the run's configuration
 # %% ../nbs/08_train.ipynb #6f58cde6
 _SCHEDULES = get_args(LRSchedule)
 
+def schedule_factor(t: int, # scheduler steps taken so far (0 during the first epoch or iteration)
+                    total: int, # scheduler steps in the whole run (epochs, or epochs x iterations per epoch)
+                    kind: str = "cosine", # cosine or half_exp
+                    warmup: int = 0, # scheduler steps of linear warm-up first
+                    final: float = 0.01, # the factor at the last step, t = total - 1
+                   ) -> float:
+    "The learning-rate multiplier of step `t` of `total` under the `kind` schedule (1 is the peak rate)."
+    if t < warmup: return (t + 1) / (warmup + 1)
+    span = total - 1 - warmup
+    if kind == "half_exp":
+        start = warmup + (span + 2) // 2   # constant for the first half, as DMML's official code
+        return 1.0 if t < start else final ** (min(t - start + 1, total - start) / max(1, total - start))
+    p = min(1.0, (t - warmup) / span) if span > 0 else 1.0
+    return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * p))
+
+class _Factor:
+    "A picklable `schedule_factor` with its settings bound (LambdaLR saves an object's settings in its state)."
+    def __init__(self, **kw): self.kw = kw
+    def __call__(self, t): return schedule_factor(t, **self.kw)
+
 def build_scheduler(optimizer, # the optimiser to schedule
                     cfg: TrainConfig, # the run's configuration
+                    steps_per_epoch: int = 1, # iterations in an epoch (the length of an iteration-stepped schedule)
                    ):
     "The learning-rate schedule `cfg` names over `optimizer` (None for a constant rate)."
     check_choice("lr_schedule", cfg.lr_schedule, _SCHEDULES, ConfigError)
@@ -136,6 +159,10 @@ def build_scheduler(optimizer, # the optimiser to schedule
     if cfg.lr_schedule == "step": return S.StepLR(optimizer, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
     if cfg.lr_schedule == "multistep": return S.MultiStepLR(optimizer, milestones=list(cfg.lr_milestones), gamma=cfg.lr_gamma)
     if cfg.lr_schedule == "exponential": return S.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
+    if cfg.lr_schedule in ("cosine", "half_exp"):
+        per = steps_per_epoch if cfg.lr_step_per == "iteration" else 1
+        return S.LambdaLR(optimizer, _Factor(total=cfg.epochs * per, kind=cfg.lr_schedule,
+                                             warmup=cfg.lr_warmup_epochs * per, final=cfg.lr_final_fraction))
     return None
 
 # %% ../nbs/08_train.ipynb #8430a01e
@@ -158,9 +185,9 @@ class Trainer:
         self.method.setup(self)
         self.model.to(self.device); self.method.to(self.device)
         self.optimizer = build_optimizer(cfg, self.param_groups(), self.method)
-        self.scheduler = build_scheduler(self.optimizer, cfg)
         if self.dist.enabled: self._synchronise()
         self._build_sampler()
+        self.scheduler = build_scheduler(self.optimizer, cfg, self.steps_per_epoch)
         self.epoch, self.step, self.history = 0, 0, []
 
 # %% ../nbs/08_train.ipynb #db3392d3
@@ -466,6 +493,7 @@ def load_checkpoint(self: Trainer,
     state = read_checkpoint(path, map_location=self.device)
     mine, theirs, default = asdict(self.cfg), state["config"], asdict(TrainConfig())   # a field newer than the checkpoint: its default
     diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k, default[k]))]
+    if self.cfg.lr_schedule in ("cosine", "half_exp") and mine["epochs"] != theirs["epochs"]: diff.append("epochs, which sets the length of the lr_schedule")
     if diff: raise ConfigError(f"{path} was written by a different configuration (differs in: {', '.join(diff)}); "
                                f"choose another output folder")
     self.model.load_state_dict(state["model"]); self.optimizer.load_state_dict(state["optimizer"])
@@ -509,7 +537,7 @@ def run_epoch(self: Trainer) -> dict:
     cfg, e = self.cfg, self.epoch
     seed_everything(cfg.seed, e); self.sampler.set_epoch(e); self.model.train(); self.method.train()
     n = self.steps_per_epoch
-    losses, t0 = [], time.perf_counter()
+    losses, t0, lrs = [], time.perf_counter(), [g["lr"] for g in self.optimizer.param_groups]   # the rates this epoch trains with
     batches = progress_bar(self.loader, total=n, leave=False) if cfg.progress else self.loader
     for i, (x, y) in enumerate(batches):
         if i >= n: break
@@ -520,7 +548,7 @@ def run_epoch(self: Trainer) -> dict:
         if "loss" in logs: losses.append(logs["loss"])
         if self.step % cfg.log_every == 0: self.log({"epoch": e, "step": self.step, "kind": "step", **logs})
     if self.scheduler and cfg.lr_step_per == "epoch": self.scheduler.step()
-    rec = {"lr": [g["lr"] for g in self.optimizer.param_groups], "train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
+    rec = {"lr": lrs, "train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
            **self.method.end_epoch(self, e)}
     if e % cfg.eval_every == 0 or e == cfg.epochs: rec.update(self.evaluate()); rec.update(self.validate())
     return rec
@@ -566,10 +594,19 @@ def write_metrics(self: Trainer):
     self.final_metrics = _metrics(evaluated[-1])
     if not self.dist.is_main: return
     summary = dict(config=asdict(self.cfg), environment=environment(), untrained=_metrics(epochs[0]),
-                   final=self.final_metrics, epochs=epochs)
+                   final=self.final_metrics, epochs=epochs, run=self.run_summary())
     if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
         summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
     (self.out/"metrics.json").write_text(to_json(summary, indent=1))
+
+# %% ../nbs/08_train.ipynb #0f39eed5
+@patch
+def run_summary(self: Trainer) -> dict:
+    "What the run trained and was evaluated on: classes and images per split, steps taken, steps per epoch."
+    count = lambda ds: dict(classes=int(len(np.unique(ds.labels))), images=len(ds)) if ds is not None else None
+    splits = dict(train=self.train_ds, validation=self.val_ds, **({"query": self.query_ds, "gallery": self.gallery_ds}
+                  if self.protocol == "reid" else {"test": self.test_ds}))
+    return dict(steps=self.step, steps_per_epoch=self.steps_per_epoch, **{k: count(ds) for k, ds in splits.items()})
 
 # %% ../nbs/08_train.ipynb #3821e814
 def _prepare_out(out: Path):
