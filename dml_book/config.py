@@ -53,7 +53,7 @@ def recall_ks(v, # the value to check
 OptimizerName = Literal["auto", "adam", "sgd"]   # auto: the method's own choice (`Method.optimizer_name`), else adam
 LRSchedule = Literal["constant", "step", "multistep", "exponential", "cosine", "half_exp"]   # a `torch.optim.lr_scheduler` (constant: none)
 LRStepPer = Literal["epoch", "iteration"]   # what one step of the schedule is
-Precision = Literal["fp32", "bf16", "fp16"]   # the number format of the forward pass (`torch.autocast`)
+Precision = Literal["fp32", "bf16", "fp16", "auto"]   # the number format of the forward pass (`torch.autocast`); auto: bf16 where the device has the units, else fp32
 
 def words(alias, # a `Literal` alias
          ) -> str:

@@ -15,7 +15,7 @@ from .results import runs_frame, load_histories
 # %% auto #0
 __all__ = ['PRIMARY', 'SECONDARY', 'STUDY_LIMITS', 'REFERENCE_SEED', 'seeds_needed', 'study_variants', 'study_frame',
            'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'study_facts', 'study_report',
-           'read_log', 'reference_run']
+           'arms_table', 'show_study', 'read_log', 'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -96,11 +96,11 @@ def plot_study_curves(root, # the study's output folder
     rows = [dict(variant=v, epoch=r["epoch"], metric=m, value=r[m]) for v, recs in load_histories(root).items()
             for r in recs if r.get("kind", "epoch") == "epoch" for m in metrics if r.get(m) is not None]
     if not rows: raise ValueError(f"no epoch records with {', '.join(metrics)} under {root}")
-    ax = ax or plt.subplots(figsize=(6, 3.4))[1]
+    ax = ax or plt.subplots(figsize=(7.5, 3.4), layout="constrained")[1]
     sns.lineplot(pd.DataFrame(rows), x="epoch", y="value", hue="variant", style="metric", marker="o", ax=ax)
     shown = sorted({r["epoch"] for r in rows})
     ax.set_ylabel("Recall@1"); ax.set_title(f"evaluated at epochs {', '.join(map(str, shown))}", fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, bbox_to_anchor=(1.02, 1), loc="upper left")   # off the data
     return ax.figure
 
 # %% ../nbs/11a_study.ipynb #84fba61f
@@ -160,6 +160,44 @@ def study_report(method: str, # the method's folder under `results/`
     facts = study_facts(folder)
     return dict(root=folder, frame=frame, table=study_table(frame, base), secondary=secondary, verdicts=verdicts,
                 cpu_seconds=facts["cpu_seconds"], facts=facts, design=design, labels={v: name(v) for v in frame.variant.unique()})
+
+# %% ../nbs/11a_study.ipynb #fd4c7886
+def arms_table(rep: dict, # a `study_report`
+              ) -> pd.DataFrame:
+    "One row per arm: its label, what it differs in from the baseline, seeds, mean ± std, paired difference and half-width (primary, secondary)."
+    t = rep["table"].set_index("variant")
+    arms = rep["design"].get("arms", {})
+    sec = rep["secondary"].set_index("variant") if rep["secondary"] is not None else None
+    rows = []
+    for v in t.index:
+        r = t.loc[v]
+        differs = ", ".join(f"{k}={x}" for k, x in arms.get(v, {}).get("differs", {}).items()) or "—"
+        row = {"arm": rep["labels"].get(v, v), "differs in": differs, "seeds": int(r.seeds), "R@1": f"{r['mean']:.1f} ± {r['std']:.1f}"}
+        if not pd.isna(r["diff"]):
+            row["difference"] = f"{r['diff']:+.1f} (±{(r.ci_high - r.ci_low) / 2:.1f})"
+            if sec is not None and v in sec.index and not pd.isna(sec.loc[v, "diff"]):
+                row["at the selected epoch"] = f"{sec.loc[v, 'diff']:+.1f} (±{(sec.loc[v, 'ci_high'] - sec.loc[v, 'ci_low']) / 2:.1f})"
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("").set_index("arm")
+
+# %% ../nbs/11a_study.ipynb #4f368c92
+def show_study(method: str, # the study's folder under `results/`
+               root=None, # the results store (default: this clone's)
+               dataset: str = "glyphs-XL", # the benchmark's name in the verdicts
+              ) -> dict | None:
+    "Render the stored study of `method` on a page; its `study_report` (None, and a sentence, when none is stored)."
+    from IPython.display import display, Markdown
+    rep = study_report(method, root, dataset)
+    if rep is None: print(f"no stored study under results/{method}/ in this copy of the book"); return None
+    f = rep["facts"]
+    display(Markdown("\n".join(f"- {v}" for v in rep["verdicts"])))
+    cpu = f"{f['cpu_seconds'] / 60:.0f} CPU-minutes" if f["cpu_seconds"] else "CPU time not recorded"
+    print(f"Primary metric: test Recall@1 at the last epoch. {'/'.join(map(str, f['epochs']))} epochs of "
+          f"{'/'.join(map(str, f['steps_per_epoch'])) or '?'} steps; {cpu} on {', '.join(f['devices']) or 'the CPU'}.")
+    display(arms_table(rep))
+    plot_study_curves(rep["root"])
+    print(STUDY_LIMITS)
+    return rep
 
 # %% ../nbs/11a_study.ipynb #8c099e41
 def read_log(path, # a run's `log.jsonl`

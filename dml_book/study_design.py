@@ -14,11 +14,11 @@ from .study import study_frame, paired_difference, seeds_needed, PRIMARY, REFERE
 
 # %% auto #0
 __all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_SEEDS',
-           'study_config', 'StudyError', 'config_fields', 'arm_differences', 'Study', 'check_arms', 'run_facts',
-           'check_runs', 'train_one', 'run_arms', 'plan_seeds', 'describe', 'run_study', 'study_spec']
+           'study_config', 'plot_calibration', 'StudyError', 'config_fields', 'arm_differences', 'Study', 'check_arms',
+           'run_facts', 'check_runs', 'train_one', 'run_arms', 'plan_seeds', 'describe', 'run_study', 'study_spec']
 
 # %% ../nbs/11b_study_design.ipynb #e5164b8b
-FAST_PATH = dict(precision="bf16", channels_last=True)   # benchmarks/study_run.py; results/calibration/precision
+FAST_PATH = dict(precision="auto", channels_last=True)   # bf16 where the device has the units; benchmarks/study_run.py
 STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={"strength": 0.5}, backbone="smallcnn", embedding_dim=64,
                       epochs=20, batch_size=64, m_per_class=2, val_fraction=0.2, eval_every=5,
                       lr_schedule="cosine", lr_warmup_epochs=1, lr_final_fraction=0.01,
@@ -31,6 +31,26 @@ def study_config(cfg, # the `TrainConfig` to start from
                 ):
     "`cfg` (a `TrainConfig`) with the study's shared settings, then `overrides`."
     return replace(cfg, **{**STUDY_SETTINGS, **overrides})
+
+# %% ../nbs/11b_study_design.ipynb #3f5ef209
+def plot_calibration(root=None, # the budget calibration's folder (default: this clone's results/calibration/budget)
+                    ):
+    "Validation Recall@1 per epoch of the calibration runs (one per budget), with their learning rates; None if not stored."
+    import matplotlib.pyplot as plt
+    from dml_book.results import experiments_dir, ExperimentError
+    if root is None:
+        try: root = experiments_dir().parent.parent/"results"/"calibration"/"budget"
+        except ExperimentError: return None
+    runs = sorted(Path(root).glob("e*/seed*/metrics.json"), key=lambda f: int(f.parent.parent.name[1:]))
+    if not runs: return None
+    fig, (ax, lr) = plt.subplots(1, 2, figsize=(9, 3.2), layout="constrained")
+    for f in runs:
+        ep = [r for r in json.loads(f.read_text())["epochs"] if r.get("val_R@1") is not None]
+        ax.plot([r["epoch"] for r in ep], [r["val_R@1"] for r in ep], marker=".", label=f"{f.parent.parent.name[1:]} epochs")
+        lr.plot([r["epoch"] for r in ep if "lr" in r], [r["lr"][0] for r in ep if "lr" in r], label=f"{f.parent.parent.name[1:]} epochs")
+    ax.set(xlabel="epoch", ylabel="validation Recall@1", title="baseline, validation classes"); lr.set(xlabel="epoch", ylabel="learning rate", yscale="log")
+    lr.legend(fontsize=8, loc="upper right")   # one legend for both panels, where the decayed rates leave room
+    return fig
 
 # %% ../nbs/11b_study_design.ipynb #f914be0d
 class StudyError(ValueError):
@@ -124,6 +144,8 @@ def _relative_paths(folder: Path, results: Path):
     f.write_text(json.dumps(m, indent=1))
 
 def _threads(jobs: int) -> int:
+    "Torch threads per run: OMP_NUM_THREADS where it is set, else the CPUs shared among `jobs` runs."
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit(): return max(1, int(os.environ["OMP_NUM_THREADS"]))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cpus // max(1, jobs))
 
@@ -260,8 +282,8 @@ def _studies() -> dict:
                                        "dmml": _arm(method="dmml", loss="triplet", method_kwargs={"n_classes": 16, "n_support": 3})},
                               {"dmml": ("method", "method_kwargs", "run.steps", "run.lr")}, main=("dmml",), labels={"dmml": "DMML"}),
         "calibration/precision": lambda: Study("calibration/precision",
-                              {"baseline": base(precision="fp32", channels_last=False), "fast": base()},
-                              {"fast": ("precision", "channels_last")}, labels={"baseline": "fp32", "fast": "bf16 + channels-last"}),
+                              {"baseline": base(precision="fp32", channels_last=False, eval_every=1), "fast": base()},
+                              {"fast": ("precision", "channels_last", "eval_every")}, labels={"baseline": "earlier path", "fast": "fast path"}),
         "calibration/budget": lambda: Study("calibration/budget",
                               {f"e{e}": base(epochs=e, eval_every=1) for e in (20, 10, 30)},
                               {f"e{e}": ("epochs", "run.steps", "run.lr") for e in (10, 30)}, baseline="e20"),

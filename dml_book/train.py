@@ -26,8 +26,8 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
 
 # %% auto #0
 __all__ = ['TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'schedule_factor',
-           'build_scheduler', 'Trainer', 'resolve_workers', 'channels_last_collate', 'precision_view', 'to_json',
-           'TrainingDiverged', 'environment', 'select_epoch', 'lock_out', 'train']
+           'build_scheduler', 'Trainer', 'resolve_workers', 'channels_last_collate', 'bf16_units', 'resolve_precision',
+           'precision_view', 'to_json', 'TrainingDiverged', 'environment', 'select_epoch', 'lock_out', 'train']
 
 # %% ../nbs/08_train.ipynb #a4fa698a
 @dataclass
@@ -380,10 +380,23 @@ def validate(self: Trainer) -> dict:
 # %% ../nbs/08_train.ipynb #537abc74
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+def bf16_units(device: torch.device, # where the forward pass runs
+              ) -> bool:
+    "Whether `device` computes in bf16 natively: a CUDA GPU that supports it, a CPU with AMX or AVX512-BF16."
+    if device.type == "cuda": return torch.cuda.is_bf16_supported()
+    if device.type != "cpu": return False
+    probes = [getattr(torch.cpu, n, None) for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+    return any(p() for p in probes if p is not None)
+
+def resolve_precision(precision: Precision, # as `TrainConfig.precision`
+                      device: torch.device) -> str: # the run's device
+    "The number format a run uses: `precision` itself, or for auto bf16 where `device` has the units, else fp32."
+    return ("bf16" if bf16_units(device) else "fp32") if precision == "auto" else precision
+
 @patch
 def autocast(self: Trainer):
-    "A context for the forward pass: `torch.autocast` to bf16 or fp16 as `cfg.precision` says; nothing for fp32."
-    dtype = _AUTOCAST.get(self.cfg.precision)
+    "A context for the forward pass: `torch.autocast` to bf16 or fp16 as the run's precision says; nothing for fp32."
+    dtype = _AUTOCAST.get(resolve_precision(self.cfg.precision, self.device))
     return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 # %% ../nbs/08_train.ipynb #a2677ab3
@@ -426,7 +439,8 @@ def precision_view(view, # a `TrainerView` stand-in (a namespace with `device`, 
                   ):
     "Give a stand-in for the trainer (in tests and chapters) the trainer's `autocast`, `scaler`, `backward_and_step`, `step_optimizers`."
     check_choice("precision", precision, get_args(Precision))
-    dtype, dev = _AUTOCAST.get(precision), getattr(view, "device", torch.device("cpu")).type
+    device = getattr(view, "device", torch.device("cpu"))
+    dtype, dev = _AUTOCAST.get(resolve_precision(precision, device)), device.type
     view.scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
     view.autocast = lambda: torch.autocast(dev, dtype=dtype) if dtype else contextlib.nullcontext()
     view.step_optimizers = lambda *opts: Trainer.step_optimizers(view, *opts)
@@ -606,7 +620,8 @@ def run_summary(self: Trainer) -> dict:
     count = lambda ds: dict(classes=int(len(np.unique(ds.labels))), images=len(ds)) if ds is not None else None
     splits = dict(train=self.train_ds, validation=self.val_ds, **({"query": self.query_ds, "gallery": self.gallery_ds}
                   if self.protocol == "reid" else {"test": self.test_ds}))
-    return dict(steps=self.step, steps_per_epoch=self.steps_per_epoch, **{k: count(ds) for k, ds in splits.items()})
+    return dict(steps=self.step, steps_per_epoch=self.steps_per_epoch, precision=resolve_precision(self.cfg.precision, self.device),
+                **{k: count(ds) for k, ds in splits.items()})
 
 # %% ../nbs/08_train.ipynb #3821e814
 def _prepare_out(out: Path):

@@ -65,7 +65,7 @@ def test_trainer_builders_take_every_value():
 
 
 def test_precision_view_takes_every_precision_and_autocasts_the_16_bit_ones():
-    assert set(_AUTOCAST) == set(get_args(Precision)) - {"fp32"}
+    assert set(_AUTOCAST) == set(get_args(Precision)) - {"fp32", "auto"}   # auto resolves to bf16 or fp32
     for v in get_args(Precision): assert precision_view(SimpleNamespace(), v).scaler.is_enabled() == (v == "fp16")
     with pytest.raises(ValueError, match=f"unknown precision 'fp8'; {choices_text(Precision)}"): precision_view(SimpleNamespace(), "fp8")
 
