@@ -1,4 +1,4 @@
-"""Learn, with reinforcement learning, which distances the negatives of a triplet should be drawn from, while the network trains.
+"""Learn, with reinforcement learning, which distances the negatives of a triplet should be drawn from, while the network trains (Roth, Milbich, Ommer, CVPR 2020).
 
 Docs: https://dml-book.github.io/dml_book/methods.pads.html.md"""
 
