@@ -268,6 +268,17 @@ class PADS(Method):
         self.iteration, self.e_prev, self.s_prev, self.a_prev, self.trajectory, self.n_triplets = 0, None, None, None, [], 0
 
 
+# %% ../../nbs/23_methods.pads.ipynb #ffec56e3
+from ..registry import ConfigError
+from ..config import loss_tuples, tuple_losses
+
+@patch
+def check(self: PADS, cfg):
+    "No miner (PADS samples the negatives) and a loss that uses the triplets it samples."
+    if cfg.miner: raise ConfigError(f"PADS samples each anchor's negative itself; miner={cfg.miner!r} would be ignored: leave it unset")
+    if loss_tuples(cfg) not in (3, 4):
+        raise ConfigError(f"loss {cfg.loss!r} forms no triplets or pairs and would ignore the sampled negatives: use {', '.join(tuple_losses(cfg))}")
+
 # %% ../../nbs/23_methods.pads.ipynb #d754ce68
 def _unwrap(ds, indices: np.ndarray):
     "The dataset under any `LabelledSubset`s of `ds`, and `indices` of `ds` as indices of it."
