@@ -15,6 +15,7 @@ from fastcore.docments import docments
 from .registry import UnknownNameError, DATASETS, LOSSES, MINERS, METHODS
 from .models import PretrainedWeightsUnavailable
 from .train import TrainConfig, ConfigError, Trainer, preset_config, TrainingDiverged
+from .methods.base import MethodError
 from .checkpoint import CheckpointError
 from .data.core import ImageReadError
 from .inference import CheckpointName
@@ -199,7 +200,7 @@ def catalogue(what: str, # what to list: datasets, losses, miners, methods, pres
     if what == "presets": return [(f"{m} {p}", "") for m in METHODS.names() for p in METHODS.get(m).presets]
     if what in ("backbones", "transforms"): return [(n, "") for n in names[what[:-1]]]
     reg = {"datasets": DATASETS, "losses": LOSSES, "miners": MINERS, "methods": METHODS}[what]
-    return [(n, first(reg.get(n))) for n in reg.names()]
+    return [(n, first(reg.get(n))) for n in reg.names()] + [(n, f"unusable: {m}") for n, m in reg.duplicates().items()]
 
 def list_command(args, # the parsed command-line arguments
                 ) -> int:
@@ -211,7 +212,7 @@ def list_command(args, # the parsed command-line arguments
     return 0
 
 # %% ../nbs/10_cli.ipynb #d16389f8
-USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, ImageReadError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError)
+USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, ImageReadError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError, MethodError)
 
 def read_config_file(path, # a .yaml, .yml or .json file
                     ) -> dict:

@@ -16,10 +16,10 @@ from fastcore.basics import patch
 from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
 from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder
 from .models import build_model, Head
-from .methods.base import Method
+from .methods.base import Method, batch_loss_output
 from .samplers import ClassBalancedBatchSampler
 from .checkpoint import write_checkpoint, read_checkpoint
-from .config import ConfigError, check_config, OptimizerName, LRSchedule, LRStepPer, Precision
+from .config import ConfigError, check_config, check_own_loss, OptimizerName, LRSchedule, LRStepPer, Precision
 from .losses.base import NonFiniteError
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, on_main)
@@ -176,7 +176,7 @@ class Trainer:
                  **overrides): # `TrainConfig` fields that replace those of `cfg`
         if isinstance(method, str): overrides["method"], method = method, None
         self.cfg = cfg = replace(cfg or TrainConfig(), **overrides)
-        check_config(cfg)   # the validation boundary: nothing is loaded before it passes
+        check_config(cfg, method)   # the validation boundary (with the method's own `check`): nothing is loaded before it passes
         _load_registries(); seed_everything(cfg.seed)
         self.dist = init_distributed()  # under torchrun: rank, world size (see `dml_book.distributed`)
         self.device, self.out = resolve_device(cfg.device, self.dist.local_rank), Path(cfg.out)
@@ -224,11 +224,7 @@ def _build_model(self: Trainer):
 @patch
 def _use_method_loss(self: Trainer):
     "The method's own objective as `loss_fn`; a loss, loss arguments or a miner in the configuration would go unused."
-    cfg, default = self.cfg, TrainConfig()
-    given = [f"{k}={getattr(cfg, k)!r}" for k in ("loss", "loss_kwargs", "miner", "miner_kwargs")
-             if getattr(cfg, k) != getattr(default, k)]
-    if given: raise ConfigError(f"method {cfg.method!r} trains with its own {self.method.own_loss}; "
-                                f"{', '.join(given)} would be ignored: leave them unset")
+    check_own_loss(self.cfg, self.method)   # as `check_config` does; a half-built trainer (below) skips that
     self.loss_fn, self.miner = self.method.loss.to(self.device), None
 
 # %% ../nbs/08_train.ipynb #719009ed
@@ -456,7 +452,7 @@ def training_step(self: Trainer, images: torch.Tensor, # this process's batch, o
     logs = m.custom_step(self, images, labels)   # a custom step takes `autocast` and the scaler itself
     if logs is None:
         with self.autocast(): out = m.batch_loss(self, images, labels)
-        out = out if isinstance(out, dict) else {"loss": out}
+        out = batch_loss_output(out, m)   # a dict without "loss": a `MethodError` that says so
         self.backward_and_step(out["loss"], self.optimizer)
         logs = {k: v.item() if torch.is_tensor(v) else v for k, v in out.items()}
     return logs | m.after_step(self, logs)

@@ -153,7 +153,7 @@ code,pre{{background:#f4f4f4}}pre{{padding:.6em}}</style></head><body>
 <h1>dml_book</h1>
 <p><b>A literate, executable book on deep metric learning — adaptive sampling and meta-learning — and the PyTorch library
 extracted from it.</b> Every chapter is a notebook and a module of the <code>dml_book</code> package: the base (data, samplers,
-losses, miners, metrics, models, training), then five methods (ALA, HDML, DCML, PADS, DMML), then experiments that run each
+losses, miners, metrics, models, training), then the published methods, a chapter each, then experiments that run each
 paper's protocol and ablations and compare them with the numbers the paper reports.</p>
 <p>This is the offline preview, built without Quarto from the executed notebooks (<code>make preview</code>); the site itself
 is built with <code>make docs</code> (<code>nbdev-docs</code>, which needs Quarto). Start with <a href="home.html">the home page</a>.</p>

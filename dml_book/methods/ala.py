@@ -172,6 +172,20 @@ class ALA(Method):
         self.assessor, self.assessor_opt, self.state, self.last, self.snapshots = None, None, None, {}, []
 
 
+# %% ../../nbs/20_methods.ala.ipynb #b71ed90f
+from ..registry import ConfigError
+from ..config import loss_tuples, tuple_losses
+
+@patch
+def check(self: ALA, cfg):
+    "Plain SGD for eq. (10), episodes of whole classes, a loss of triplets or pairs for the assessor to weigh."
+    if cfg.optimizer not in ("auto", "sgd"): raise ConfigError(f"optimizer={cfg.optimizer!r}: the look-ahead of eq. (10) models a "
+                                                               "plain gradient step, the step eq. (13) takes; use sgd (ALA's default)")
+    for name, n in (("n_train", self.n_train), ("n_val", self.n_val)):
+        if n % cfg.m_per_class: raise ConfigError(f"{name}={n} is not a multiple of m_per_class={cfg.m_per_class}: an episode holds whole classes")
+    if loss_tuples(cfg) not in (3, 4):
+        raise ConfigError(f"the assessor weighs triplets or pairs; loss {cfg.loss!r} forms neither: use {', '.join(tuple_losses(cfg))}")
+
 # %% ../../nbs/20_methods.ala.ipynb #330e25a3
 def _arity(trainer) -> int:
     "3 if `trainer`'s loss works on triplets, 2 if on pairs: the tuples its `compute` forms on a dummy batch."

@@ -171,6 +171,16 @@ class DCML(Method):
         self.weight_sum, self.weight_count = 0., 0   # |c| summed over the epoch's samples, for `end_epoch`
 
 
+# %% ../../nbs/22_methods.dcml.ipynb #6fb354ad
+from ..registry import ConfigError
+
+@patch
+def check(self: DCML, cfg):
+    "K learners of equal size fill `embedding_dim`, unless `learner_dim` is set."
+    if self.learner_dim is None and cfg.embedding_dim % self.n_learners:
+        raise ConfigError(f"embedding_dim={cfg.embedding_dim} is not divisible by n_learners={self.n_learners}: "
+                          "the learners split it equally; change one of them, or set learner_dim")
+
 # %% ../../nbs/22_methods.dcml.ipynb #634d36d6
 @patch
 def setup(self: DCML, trainer):

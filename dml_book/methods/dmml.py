@@ -184,6 +184,17 @@ class DMML(Method):
         self.lr_decay, self.flip_test, self.normalize_train = lr_decay, flip_test, normalize_train
         self.feature_penalty, self.scale = feature_penalty, scale
 
+# %% ../../nbs/24_methods.dmml.ipynb #624932cb
+import os
+from ..registry import ConfigError
+
+@patch
+def check(self: DMML, cfg):
+    "Under torchrun, episodes that split into the same number of whole classes per process."
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if self.n_classes % world: raise ConfigError(f"n_classes={self.n_classes} is not a multiple of the {world} processes (WORLD_SIZE): "
+                                                 "each takes the same number of an episode's classes")
+
 # %% ../../nbs/24_methods.dmml.ipynb #b6a9debe
 @patch
 def setup(self: DMML, trainer):

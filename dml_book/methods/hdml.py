@@ -214,6 +214,18 @@ class HDML(Method):
         self.j_avg, self.j_gen_avg = WindowAverage(window), WindowAverage(window)
         self.rng, self._pending = torch.Generator(), None
 
+# %% ../../nbs/21_methods.hdml.ipynb #ac6fa607
+from ..registry import ConfigError, LOSSES
+
+@patch
+def check(self: HDML, cfg):
+    "A triplet or N-pair loss (the tuples HDML synthesises); with `triplet_batches`, a batch of whole triples."
+    loss = LOSSES.get(cfg.loss)
+    if not issubclass(loss, (TripletLoss, NPairLoss)):
+        raise ConfigError(f"HDML synthesises triplet or N-pair tuples; loss={cfg.loss!r} is neither: use --loss triplet or --loss npair")
+    if self.triplet_batches and issubclass(loss, TripletLoss) and cfg.batch_size % 3:
+        raise ConfigError(f"triplet_batches: batch_size={cfg.batch_size} is not a multiple of 3 (anchor, positive, negative)")
+
 # %% ../../nbs/21_methods.hdml.ipynb #3a12e2e4
 @patch
 def setup(self: HDML, trainer):

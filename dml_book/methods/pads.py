@@ -1,4 +1,4 @@
-"""Learn, with reinforcement learning, which distances the negatives of a triplet should be drawn from, while the network trains.
+"""Learn, with reinforcement learning, which distances the negatives of a triplet should be drawn from, while the network trains (Roth, Milbich, Ommer, CVPR 2020).
 
 Docs: https://dml-book.github.io/dml_book/methods.pads.html.md"""
 
@@ -267,6 +267,17 @@ class PADS(Method):
         self.generator = torch.Generator().manual_seed(seed)
         self.iteration, self.e_prev, self.s_prev, self.a_prev, self.trajectory, self.n_triplets = 0, None, None, None, [], 0
 
+
+# %% ../../nbs/23_methods.pads.ipynb #ffec56e3
+from ..registry import ConfigError
+from ..config import loss_tuples, tuple_losses
+
+@patch
+def check(self: PADS, cfg):
+    "No miner (PADS samples the negatives) and a loss that uses the triplets it samples."
+    if cfg.miner: raise ConfigError(f"PADS samples each anchor's negative itself; miner={cfg.miner!r} would be ignored: leave it unset")
+    if loss_tuples(cfg) not in (3, 4):
+        raise ConfigError(f"loss {cfg.loss!r} forms no triplets or pairs and would ignore the sampled negatives: use {', '.join(tuple_losses(cfg))}")
 
 # %% ../../nbs/23_methods.pads.ipynb #d754ce68
 def _unwrap(ds, indices: np.ndarray):
