@@ -13,9 +13,9 @@ import numpy as np, pandas as pd
 from .results import runs_frame, load_histories
 
 # %% auto #0
-__all__ = ['PRIMARY', 'SECONDARY', 'STUDY_LIMITS', 'REFERENCE_SEED', 'seeds_needed', 'study_variants', 'study_frame',
-           'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'study_facts', 'study_report',
-           'arms_table', 'show_study', 'read_log', 'reference_run']
+__all__ = ['PRIMARY', 'SECONDARY', 'STUDY_LIMITS', 'LEGACY_NOTE', 'REFERENCE_SEED', 'seeds_needed', 'study_variants',
+           'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'study_facts',
+           'study_report', 'arms_table', 'show_study', 'read_log', 'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -181,6 +181,10 @@ def arms_table(rep: dict, # a `study_report`
     return pd.DataFrame(rows).fillna("").set_index("arm")
 
 # %% ../nbs/11a_study.ipynb #4f368c92
+LEGACY_NOTE = ("This study was stored before the study rules of `dml_book.study_design`: three seeds, a constant learning "
+               "rate, arms whose equality nobody checked, so its interval is wide and its arms may differ in more than the "
+               "method. It stays on the page until the study is re-run under those rules.")
+
 def show_study(method: str, # the study's folder under `results/`
                root=None, # the results store (default: this clone's)
                dataset: str = "glyphs-XL", # the benchmark's name in the verdicts
@@ -190,6 +194,7 @@ def show_study(method: str, # the study's folder under `results/`
     rep = study_report(method, root, dataset)
     if rep is None: print(f"no stored study under results/{method}/ in this copy of the book"); return None
     f = rep["facts"]
+    if not rep["design"]: print(LEGACY_NOTE)
     display(Markdown("\n".join(f"- {v}" for v in rep["verdicts"])))
     cpu = f"{f['cpu_seconds'] / 60:.0f} CPU-minutes" if f["cpu_seconds"] else "CPU time not recorded"
     print(f"Primary metric: test Recall@1 at the last epoch. {'/'.join(map(str, f['epochs']))} epochs of "
