@@ -128,7 +128,9 @@ DCML_ABLATIONS = {"no-compositor": dict(use_compositor=False), "no-rein": dict(u
                   "no-jt": dict(jt_trains_compositor=False), "no-discriminative": dict(use_discriminative=False),
                   "fc-compositor": dict(fc_compositor=True), "relu-weighting": dict(compositor_weighting="relu"),  # Table 2
                   "no-tanh": dict(use_sign=False),
-                  "no-subtasks": dict(use_subtasks=False)}                      # not a row of the paper
+                  "no-subtasks": dict(use_subtasks=False),                      # not a row of the paper
+                  "subtask-mean": dict(lambda_m=1 / 8),                          # not a row: lambda_m = 1/M, M = 8
+                  "normalised-learners": dict(normalize_learners=True)}          # neither paper nor official code
 
 
 def test_dcml_presets():
