@@ -260,8 +260,9 @@ def _record_time(root: Path):
 
 # %% ../nbs/11b_study_design.ipynb #dd0a2b5c
 def _arm(**kw):
+    "A `TrainConfig` with the study's shared settings, then `kw` (what this arm sets itself)."
     from dml_book.train import TrainConfig
-    return study_config(TrainConfig(**{"loss_kwargs": {}, "method_kwargs": {}, **kw}))
+    return study_config(TrainConfig(), **{"loss_kwargs": {}, "method_kwargs": {}, **kw})
 
 def _studies() -> dict:
     "Study name -> a function building it."
@@ -285,8 +286,8 @@ def _studies() -> dict:
                               {"baseline": base(precision="fp32", channels_last=False, eval_every=1), "fast": base()},
                               {"fast": ("precision", "channels_last", "eval_every")}, labels={"baseline": "earlier path", "fast": "fast path"}),
         "calibration/budget": lambda: Study("calibration/budget",
-                              {f"e{e}": base(epochs=e, eval_every=1) for e in (20, 10, 30)},
-                              {f"e{e}": ("epochs", "run.steps", "run.lr") for e in (10, 30)}, baseline="e20"),
+                              {f"e{e}": base(epochs=e) for e in (20, 30)},
+                              {"e30": ("epochs", "run.steps", "run.lr")}, baseline="e20"),
     }
 
 def study_spec(name: str, # a study: ala, hdml, dcml, pads, dmml, calibration/precision, calibration/budget

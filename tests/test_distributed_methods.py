@@ -104,7 +104,7 @@ def pads_policy_steps(rank: int, out: str):
 def dmml_step(rank: int, world: int, out: str):
     "One DMML step on an episode of 4 classes x (2 support + 2 query), split by class across the ranks."
     torch.set_num_threads(1); torch.set_default_dtype(torch.float64)
-    tr = stand_in(DMML(n_classes=4, n_support=2, n_query=2, lr_decay=False, feature_penalty=0.01), rank, world, TripletLoss())
+    tr = stand_in(DMML(n_classes=4, n_support=2, n_query=2, feature_penalty=0.01), rank, world, TripletLoss())
     finish(tr, world)
     x, y = data(rank, world)
     save(tr, [Trainer.training_step(tr, x, y)], f"{out}/dmml-{world}-{rank}.pt")

@@ -128,7 +128,9 @@ DCML_ABLATIONS = {"no-compositor": dict(use_compositor=False), "no-rein": dict(u
                   "no-jt": dict(jt_trains_compositor=False), "no-discriminative": dict(use_discriminative=False),
                   "fc-compositor": dict(fc_compositor=True), "relu-weighting": dict(compositor_weighting="relu"),  # Table 2
                   "no-tanh": dict(use_sign=False),
-                  "no-subtasks": dict(use_subtasks=False)}                      # not a row of the paper
+                  "no-subtasks": dict(use_subtasks=False),                      # not a row of the paper
+                  "subtask-mean": dict(lambda_m=1 / 8),                          # not a row: lambda_m = 1/M, M = 8
+                  "normalised-learners": dict(normalize_learners=True)}          # neither paper nor official code
 
 
 def test_dcml_presets():
@@ -201,13 +203,12 @@ DMML_PAPER = dict(
     optimizer="adam", weight_decay=1e-4,                     # Sec. 3.2: Adam, L2 weight decay 0.0001
     epochs=1200,                                             # not in the paper: official demo.sh --num_epochs 1200
     batch_size=32 * 6,                                       # an episode: 32 identities x (5 support + 1 query)
-    **CONSTANT,                                              # the schedule is the method's own lr_decay (below)
+    lr_schedule="half_exp", lr_final_fraction=0.005,          # Sec. 3.2: constant, then exponential to 0.005 x (the run's)
     method_kwargs=dict(n_classes=32, n_support=5,            # Sec. 3.2: M = 32, n_s = 5
                        n_query=1,                            # not in the paper: official --num_query 1
                        distance="hard",                      # Sec. 3.1, eq. (10): hard mining distance (official default)
                        margin=0.4, variant="negative",       # Sec. 3.2: tau = 0.4 in the negative-margin eq. (7)
                        scale=1.0,                            # Sec. 3.2: squared Euclidean distance, unscaled
-                       lr_decay=True,                        # Sec. 3.2: constant, then exponential to 0.005 x
                        flip_test=True))                      # official eval.py: flipped test images summed
 DMML_DATA = {"market1501": ("reid256x128", 751),             # Sec. 4.1: 256 x 128, flips, random erasing; 751 ids
              "dukemtmc": ("reid256x128", 702),               # Sec. 4.1: 702 training identities

@@ -77,7 +77,7 @@ def method_chapters(chs: list[Chapter]) -> list[Chapter]:
     for c in chs:
         if c.number < METHODS_FROM or not c.methods: continue
         own = (c.module or "").split(".", 1)[-1]
-        wrong = [n for n in c.methods if n != own]
+        wrong = [n for n in c.methods if n != own] if own not in c.methods else []   # a chapter may also register helpers of its method
         if not (c.module or "").startswith("methods.") or wrong:
             raise NavigationError(
                 f"nbs/{c.path} registers method {(wrong or c.methods)[0]!r} but its module is {c.module!r}: the name in "
