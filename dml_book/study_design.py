@@ -14,13 +14,14 @@ from .study import study_frame, paired_difference, seeds_needed, PRIMARY, REFERE
 
 # %% auto #0
 __all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_SEEDS',
-           'study_config', 'plot_calibration', 'StudyError', 'config_fields', 'arm_differences', 'Study', 'check_arms',
-           'run_facts', 'check_runs', 'train_one', 'run_arms', 'plan_seeds', 'describe', 'run_study', 'study_spec']
+           'study_config', 'plot_calibration', 'precision_check', 'StudyError', 'config_fields', 'arm_differences',
+           'Study', 'check_arms', 'run_facts', 'check_runs', 'train_one', 'run_arms', 'plan_seeds', 'describe',
+           'run_study', 'study_spec']
 
 # %% ../nbs/11b_study_design.ipynb #e5164b8b
 FAST_PATH = dict(precision="auto", channels_last=True)   # bf16 where the device has the units; benchmarks/study_run.py
 STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={"strength": 0.5}, backbone="smallcnn", embedding_dim=64,
-                      epochs=20, batch_size=64, m_per_class=2, val_fraction=0.2, eval_every=5,
+                      epochs=30, batch_size=64, m_per_class=2, val_fraction=0.2, eval_every=5,
                       lr_schedule="cosine", lr_warmup_epochs=1, lr_final_fraction=0.01,
                       umap=False, progress=False, **FAST_PATH)   # calibrated: results/calibration/budget
 MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS = 5, 20, 3   # power rule: at least 5 paired seeds, at most 20; ablations: 3
@@ -51,6 +52,24 @@ def plot_calibration(root=None, # the budget calibration's folder (default: this
     ax.set(xlabel="epoch", ylabel="validation Recall@1", title="baseline, validation classes"); lr.set(xlabel="epoch", ylabel="learning rate", yscale="log")
     lr.legend(fontsize=8, loc="upper right")   # one legend for both panels, where the decayed rates leave room
     return fig
+
+# %% ../nbs/11b_study_design.ipynb #5a0cdd2d
+def precision_check(root=None, # the calibration's folder (default: this clone's results/calibration/precision)
+                   ) -> pd.DataFrame | None:
+    "Per arm of the fast-path calibration: seeds, final test R@1 (mean, min, max) and CPU minutes per run; None if not stored."
+    from dml_book.results import experiments_dir, ExperimentError
+    if root is None:
+        try: root = experiments_dir().parent.parent/"results"/"calibration"/"precision"
+        except ExperimentError: return None
+    rows = []
+    for arm in ("baseline", "fast"):
+        runs = sorted((Path(root)/arm).glob("seed*/metrics.json"))
+        if not runs: continue
+        r1 = [100*json.loads(f.read_text())["final"]["R@1"] for f in runs]
+        cpu = [json.loads((f.parent/"run.json").read_text())["cpu_seconds"] / 60 for f in runs if (f.parent/"run.json").exists()]
+        rows.append(dict(arm={"baseline": "earlier path", "fast": "fast path"}[arm], seeds=len(r1), R1_mean=np.mean(r1),
+                         R1_min=min(r1), R1_max=max(r1), cpu_minutes=np.mean(cpu) if cpu else np.nan))
+    return pd.DataFrame(rows).set_index("arm").round(2) if rows else None
 
 # %% ../nbs/11b_study_design.ipynb #f914be0d
 class StudyError(ValueError):
@@ -264,6 +283,13 @@ def _arm(**kw):
     from dml_book.train import TrainConfig
     return study_config(TrainConfig(), **{"loss_kwargs": {}, "method_kwargs": {}, **kw})
 
+def _from_method(method: str, main: tuple, declared: dict, labels: dict) -> Study:
+    "A study from the arms a method's chapter declares (`Method.study_arms`: arm -> `TrainConfig` fields)."
+    import copy, dml_book.methods  # noqa: F401  (fills the registry)
+    from dml_book.registry import METHODS
+    arms = {a: _arm(**copy.deepcopy(kw)) for a, kw in METHODS.get(method).study_arms.items()}
+    return Study(method, arms, declared, main=main, labels=labels)
+
 def _studies() -> dict:
     "Study name -> a function building it."
     base = lambda **kw: _arm(method="baseline", loss="triplet", **kw)
@@ -277,13 +303,19 @@ def _studies() -> dict:
         "ala": lambda: Study("ala", {"baseline": _arm(method="ala", loss="triplet", method_kwargs={"assess": False}),
                                      "ala": _arm(method="ala", loss="triplet")},
                              {"ala": ("method_kwargs.assess",)}, main=("ala",), labels={"ala": "ALA"}),
-        "dcml": lambda: Study("dcml", {"baseline": base(), "dcml": _arm(method="dcml", loss="triplet")},
-                              {"dcml": ("method",)}, main=("dcml",), labels={"dcml": "DCML"}),
-        "dmml": lambda: Study("dmml", {"baseline": base(),
-                                       "dmml": _arm(method="dmml", loss="triplet", method_kwargs={"n_classes": 16, "n_support": 3})},
-                              {"dmml": ("method", "method_kwargs", "run.steps", "run.lr")}, main=("dmml",), labels={"dmml": "DMML"}),
+        "dcml": lambda: _from_method("dcml", main=("dcml",), declared={
+                              "dcml": ("method",), "dcml-no-subtasks": ("method", "method_kwargs.use_subtasks"),
+                              "dcml-no-tanh": ("method", "method_kwargs.use_sign"), "dcml-subtask-mean": ("method", "method_kwargs.lambda_m"),
+                              "dcml-normalised-learners": ("method", "method_kwargs.normalize_learners")},
+                              labels={"baseline": "triplet", "dcml": "DCML"}),
+        "dmml": lambda: _from_method("dmml", main=("dmml",), declared={   # DMML trains with its own loss on the same episodes
+                              "dmml": ("method", "loss_kwargs", "miner"),
+                              "all-triplet": ("method", "method_kwargs", "loss_kwargs", "miner", "m_per_class", "run.steps"),
+                              "dmml-episode-shape": ("method", "loss_kwargs", "miner", "method_kwargs.n_classes", "batch_size", "run.steps"),
+                              "dmml-normalised": ("method", "loss_kwargs", "miner", "method_kwargs.normalize_train")},
+                              labels={"baseline": "batch-hard triplet, same episodes", "dmml": "DMML"}),
         "calibration/precision": lambda: Study("calibration/precision",
-                              {"baseline": base(precision="fp32", channels_last=False, eval_every=1), "fast": base()},
+                              {"baseline": base(epochs=20, precision="fp32", channels_last=False, eval_every=1), "fast": base(epochs=20)},
                               {"fast": ("precision", "channels_last", "eval_every")}, labels={"baseline": "earlier path", "fast": "fast path"}),
         "calibration/budget": lambda: Study("calibration/budget",
                               {f"e{e}": base(epochs=e) for e in (20, 30)},
