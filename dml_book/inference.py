@@ -13,13 +13,13 @@ from typing import Literal, get_args
 import numpy as np, torch
 from torch import nn
 from PIL import Image
-from .registry import DATASETS, check_choice
+from .registry import DATASETS, check_choice, CheckpointName
 from .data.core import build_split, preprocessing_spec
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
 
 # %% auto #0
-__all__ = ['CheckpointName', 'IMAGE_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel',
-           'load_run', 'image_files', 'embed', 'evaluate_run', 'save_embeddings']
+__all__ = ['IMAGE_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel', 'load_run', 'image_files',
+           'embed', 'evaluate_run', 'save_embeddings']
 
 # %% ../nbs/12_inference.ipynb #7a11afbb
 def open_image(path, # an image file
@@ -60,8 +60,6 @@ def _read_checkpoint(path: Path, map_location="cpu") -> dict:
     "A checkpoint's contents, checksum verified and read with `weights_only=True` (no code runs): the trainer's one loader."
     from dml_book.checkpoint import read_checkpoint
     return read_checkpoint(path, map_location)
-
-CheckpointName = Literal["best", "last"]   # best.pt (the epoch a validation split chose; else the last), or checkpoint.pt
 
 def checkpoint_file(run_dir, # a training run's output folder
                     checkpoint: CheckpointName = "best", # which of the run's checkpoints

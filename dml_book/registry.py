@@ -7,11 +7,12 @@ Docs: https://dml-book.github.io/dml_book/registry.html.md"""
 # %% ../nbs/00_registry.ipynb #219d184b
 from __future__ import annotations
 from enum import Enum
-from typing import Callable
+from typing import Callable, Literal
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'ConfigError', 'UnknownNameError', 'Registry', 'check_choice']
+__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'CheckpointName', 'IndexKind', 'IndexMetric', 'ConfigError',
+           'UnknownNameError', 'Registry', 'check_choice']
 
 # %% ../nbs/00_registry.ipynb #1a2e7782
 class ConfigError(ValueError):
@@ -85,3 +86,8 @@ DATASETS = Registry("dataset")
 LOSSES = Registry("loss")
 MINERS = Registry("miner")
 METHODS = Registry("method")
+
+# %% ../nbs/00_registry.ipynb #db40fdbc
+CheckpointName = Literal["best", "last"]   # best.pt (the epoch a validation split chose; else the last), or checkpoint.pt
+IndexKind = Literal["flat", "ivf", "hnsw"]   # exact, or approximate (for large galleries): inverted file, or HNSW graph
+IndexMetric = Literal["l2", "ip"]   # Euclidean distance, or inner product

@@ -180,7 +180,7 @@ def test_help_names_meanings_choices_and_real_defaults():
                         ("--backbone", "smallcnn, googlenet"), ("--preset", "hdml: paper-triplet")]:
         assert f"{flag} " in h and names in h.split(flag + " ", 1)[1][:600], flag
     assert "--embedding-dim EMBEDDING_DIM size of the embedding (default: 64)" in h
-    assert "--progress, --no-progress show progress bars (default: True)" in h
+    assert "--progress, --no-progress show progress bars (default: True on a terminal)" in h
     assert "--umap, --no-umap save a UMAP figure of the final test embedding (default: True)" in h
     for cmd in ("evaluate", "embed", "index", "search", "list"): assert cmd in sub
 
