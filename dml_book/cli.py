@@ -77,7 +77,7 @@ def _add_run_commands(sub):
     ev.add_argument("--dataset", default=None, help="evaluate on this registered dataset instead (default: the run's)")
     ev.add_argument("--data-root", default=None, help="its folder")
     ev.add_argument("--dataset-kwargs", type=json.loads, default=None, metavar="JSON", help="its constructor arguments")
-    ev.add_argument("--json", action="store_true", help="print JSON with the keys of metrics.json's final metrics")
+    ev.add_argument("--json", action="store_true", help="print JSON: the metrics (keys as in metrics.json's final), checkpoint, epochs_trained, epochs, finished")
     em = sub.add_parser("embed", help="embed image files or folders with a run's network and evaluation preprocessing")
     em.add_argument("run_dir", **run); em.add_argument("images", nargs="+", help="image files and folders (searched recursively)")
     em.add_argument("--out", required=True, help="FILE.npz (embeddings and paths) or FILE.npy (paths in FILE.paths.txt)")
@@ -96,7 +96,7 @@ def _add_run_commands(sub):
     se.add_argument("index_dir", help="an index folder written by `dml-book index`")
     se.add_argument("queries", nargs="+", help="query image files and folders")
     se.add_argument("-k", type=_positive, default=5, help="neighbours per query (default: 5)")
-    se.add_argument("--json", action="store_true", help='print a JSON list per query of {"path", "distance"}')
+    se.add_argument("--json", action="store_true", help='print JSON: per query {"query": path, "neighbours": [{"path", "distance"}, ...]}')
     se.add_argument("--gallery-figure", default=None, metavar="FILE", help="save a figure of the queries and their neighbours")
     se.add_argument("--device", **dev)
     ls = sub.add_parser("list", help="the registered names: datasets, losses, miners, methods, presets, backbones, transforms")
@@ -164,12 +164,16 @@ def results_table(untrained: dict, # metric -> value before training
 # %% ../nbs/10_cli.ipynb #a23086bd
 def evaluate_command(args, # the parsed command-line arguments
                     ) -> int:
-    "`dml-book evaluate`: the metrics of a run's checkpoint, as a table or JSON."
+    "`dml-book evaluate`: the metrics of a run's checkpoint, as a table or JSON; a run that stopped early is labelled."
     check_inputs(args)
-    from dml_book.inference import evaluate_run
+    from dml_book.inference import evaluate_run, run_progress, checkpoint_file
     m = evaluate_run(args.run_dir, args.checkpoint, args.dataset, args.data_root, args.dataset_kwargs, args.device)
-    if args.json: print(json.dumps(m)); return 0
+    p = run_progress(args.run_dir)
+    status = dict(checkpoint=checkpoint_file(args.run_dir, args.checkpoint).name, epochs_trained=p["epoch"],
+                  epochs=p["epochs"], finished=p["finished"])
+    if args.json: print(json.dumps({**m, **status})); return 0
     w = max(map(len, m))
+    if not p["finished"]: print(f"unfinished run: trained {p['epoch']} of {p['epochs']} epochs ({status['checkpoint']})")
     print("\n".join(f"{k:<{w}}  {v:.4f}" for k, v in m.items()))
     return 0
 
@@ -201,8 +205,11 @@ def search_command(args, # the parsed command-line arguments
     "`dml-book search`: the k nearest gallery images of each query image."
     check_inputs(args)
     from dml_book.index import Index, search_images, plot_search
-    files, results = search_images(Index.load(args.index_dir), args.queries, args.k, args.device)
-    if args.json: print(json.dumps(results))
+    index = Index.load(args.index_dir)
+    if args.k > len(index): print(f"dml-book: note: -k {args.k} is more than the {len(index)} images of the index: "
+                                  f"{len(index)} neighbours per query", file=sys.stderr)
+    files, results = search_images(index, args.queries, args.k, args.device)
+    if args.json: print(json.dumps([{"query": str(f.resolve()), "neighbours": row} for f, row in zip(files, results)]))
     else:
         for f, row in zip(files, results):
             print(f"{f}:\n" + "\n".join(f"  {n}. {r['distance']:.4f}  {r['path']}" for n, r in enumerate(row, 1)))
@@ -282,7 +289,7 @@ def train_command(args, # the parsed command-line arguments
         plot_umap(*trainer.last_embedding, title=f"{cfg.dataset} test split, epoch {trainer.epoch}").savefig(trainer.out/"umap.png", dpi=120)
     print(f"\n{cfg.method} / {trainer.method.own_loss or cfg.loss} on {cfg.dataset}, {cfg.epochs} epochs (unseen test classes):")
     print(results_table(trainer.history[0], final))
-    print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt, preprocessing.json" + (", umap.png" if cfg.umap else ""))
+    print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt, preprocessing.json, data.json" + (", umap.png" if cfg.umap else ""))
     return 0
 
 def experiment_command(args, # the parsed command-line arguments

@@ -75,7 +75,9 @@ def get(self: Registry,
     return self._items[name]
 
 @patch
-def names(self: Registry) -> list[str]: "Registered names, sorted."; return sorted({*self._items, *self._chapter})
+def names(self: Registry) -> list[str]:
+    "Registered names, sorted; a name that starts with `_` is the package's own (found by `get`, not offered to users)."
+    return sorted(n for n in {*self._items, *self._chapter} if not n.startswith("_"))
 @patch
 def __contains__(self: Registry, name: str) -> bool: return name in self._items or name in self._chapter
 @patch
