@@ -14,7 +14,7 @@ import numpy as np, torch
 from torch import nn
 from PIL import Image
 from .registry import DATASETS, check_choice, CheckpointName
-from .data.core import build_split, preprocessing_spec, RUN_RECORD
+from .data.core import build_split, preprocessing_spec, RUN_RECORD, dataset_protocol
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
 
 # %% auto #0
@@ -181,7 +181,7 @@ def evaluate_run(run_dir, # a training run's output folder
     other = replace(cfg, dataset=dataset or cfg.dataset, data_root=data_root if data_root is not None else cfg.data_root,
                     dataset_kwargs=dataset_kwargs if dataset_kwargs is not None else ({} if dataset else cfg.dataset_kwargs),
                     device=device, progress=False)
-    tr.cfg, tr.protocol = other, DATASETS.get(other.dataset).protocol   # the evaluation's data and loader settings
+    tr.cfg, tr.protocol = other, dataset_protocol(other)   # the evaluation's data and loader settings
     if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (build_split(other, s, False) for s in ("query", "gallery"))
     else: tr.test_ds = build_split(other, "test", False)
     return tr.evaluate()

@@ -14,7 +14,7 @@ import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
 from fastcore.basics import patch
 from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
-from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder, record_training_split
+from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder, record_training_split, dataset_protocol
 from .models import build_model, Head
 from .methods.base import Method
 from .samplers import ClassBalancedBatchSampler
@@ -171,7 +171,7 @@ class Trainer:
 @patch
 def _build_data(self: Trainer):
     cfg = self.cfg
-    self.protocol = DATASETS.get(cfg.dataset).protocol
+    self.protocol = dataset_protocol(cfg)
     self.train_ds, self.val_ds = build_split(cfg, "train", True), None
     if cfg.val_fraction: self._hold_out_validation()
     if self.protocol == "reid": self.query_ds, self.gallery_ds = (build_split(cfg, s, False) for s in ("query", "gallery"))

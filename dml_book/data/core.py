@@ -22,7 +22,7 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['Decoder', 'DECODERS', 'EvalProtocol', 'RUN_RECORD', 'DatasetNotFoundError', 'ImageReadError', 'load_image',
            'load_tensor', 'find_root', 'check_files', 'ImageFileDataset', 'LabelledSubset', 'build_split',
-           'preprocessing_spec', 'record_training_split', 'RunRecord']
+           'dataset_protocol', 'preprocessing_spec', 'record_training_split', 'RunRecord']
 
 # %% ../../nbs/01d_data.core.ipynb #87877b07
 class DatasetNotFoundError(FileNotFoundError):
@@ -232,6 +232,12 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
     ds = cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
     if transform is not None and tensor: ds.decoder = "torchvision"   # built-in data: nothing to decode
     return ds
+
+def dataset_protocol(cfg, # a `TrainConfig`: dataset, data_root
+                    ) -> EvalProtocol:
+    "How `cfg.dataset` is evaluated: its class's `protocol`, or what its `protocol_of(data_root)` reads from the data (a CSV's flags)."
+    cls = DATASETS.get(cfg.dataset)
+    return cls.protocol_of(cfg.data_root) if hasattr(cls, "protocol_of") else cls.protocol
 
 # %% ../../nbs/01d_data.core.ipynb #b4c8ee29
 def _spec_from_pipeline(tf) -> dict:
