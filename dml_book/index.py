@@ -11,15 +11,13 @@ from pathlib import Path
 from typing import Literal, get_args
 import numpy as np
 from .inference import load_run, embed, image_files, open_image, CheckpointName
-from .registry import check_choice
+from .registry import check_choice, IndexKind, IndexMetric
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['IndexKind', 'IndexMetric', 'KINDS', 'METRICS', 'Index', 'index_images', 'search_images', 'plot_search']
+__all__ = ['KINDS', 'METRICS', 'Index', 'index_images', 'search_images', 'plot_search']
 
 # %% ../nbs/12a_nn_index.ipynb #41e70925
-IndexKind = Literal["flat", "ivf", "hnsw"]   # exact, or approximate (for large galleries): inverted file, or HNSW graph
-IndexMetric = Literal["l2", "ip"]   # Euclidean distance, or inner product
 KINDS, METRICS = get_args(IndexKind), get_args(IndexMetric)
 
 def _faiss_index(dim: int, metric: IndexMetric, kind: IndexKind, nlist: int, hnsw_m: int):

@@ -13,13 +13,13 @@ from typing import Literal, get_args
 import numpy as np, torch
 from torch import nn
 from PIL import Image
-from .registry import DATASETS, check_choice
-from .data.core import build_split, preprocessing_spec
+from .registry import DATASETS, check_choice, CheckpointName
+from .data.core import build_split, preprocessing_spec, RUN_RECORD, dataset_protocol
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
 
 # %% auto #0
-__all__ = ['CheckpointName', 'IMAGE_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel',
-           'load_run', 'image_files', 'embed', 'evaluate_run', 'save_embeddings']
+__all__ = ['IMAGE_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel', 'serving_config',
+           'load_run', 'image_files', 'embed', 'evaluate_run', 'run_progress', 'save_embeddings']
 
 # %% ../nbs/12_inference.ipynb #7a11afbb
 def open_image(path, # an image file
@@ -60,8 +60,6 @@ def _read_checkpoint(path: Path, map_location="cpu") -> dict:
     "A checkpoint's contents, checksum verified and read with `weights_only=True` (no code runs): the trainer's one loader."
     from dml_book.checkpoint import read_checkpoint
     return read_checkpoint(path, map_location)
-
-CheckpointName = Literal["best", "last"]   # best.pt (the epoch a validation split chose; else the last), or checkpoint.pt
 
 def checkpoint_file(run_dir, # a training run's output folder
                     checkpoint: CheckpointName = "best", # which of the run's checkpoints
@@ -106,6 +104,17 @@ class RunModel(nn.Module):
     @property
     def device(self) -> torch.device: return self.trainer.device
 
+# %% ../nbs/12_inference.ipynb #33191f9f
+def serving_config(cfg: TrainConfig, # the run's configuration
+                   run_dir, # its folder
+                   device: str = "auto", # where to serve it
+                  ) -> TrainConfig:
+    "The configuration that rebuilds the run's network for serving: its data read from the run's record, no weights fetched."
+    run = Path(run_dir)
+    cfg = replace(cfg, device=device, progress=False, umap=False, out=str(run), pretrained=False, weights_path=None, compile=False)
+    if not (run/RUN_RECORD).is_file(): return cfg   # an older run: rebuilt from its data
+    return replace(cfg, dataset="_run", data_root=str(run.resolve()), dataset_kwargs={}, transform=None, decoder="pil", num_workers=0)
+
 # %% ../nbs/12_inference.ipynb #086ef2e3
 def load_run(run_dir, # a training run's output folder
              checkpoint: CheckpointName = "best", # best.pt (when a validation split chose one, else the last) or the last
@@ -114,7 +123,7 @@ def load_run(run_dir, # a training run's output folder
     "The run's network (evaluation mode, on `device`), its evaluation preprocessing and its configuration."
     run, cfg = Path(run_dir), run_config(run_dir)
     path = checkpoint_file(run, checkpoint)
-    trainer = Trainer(replace(cfg, device=device, progress=False, umap=False, out=str(run)))
+    trainer = Trainer(serving_config(cfg, run, device))
     state = _read_checkpoint(path, map_location=trainer.device)
     trainer.model.load_state_dict(state["model"]); trainer.method.load_state_dict(state["method"])
     spec_file = run/"preprocessing.json"
@@ -169,13 +178,21 @@ def evaluate_run(run_dir, # a training run's output folder
     "Test metrics of a run's checkpoint, on its own test split or on another dataset's; keys as in `metrics.json`."
     model, _, cfg = load_run(run_dir, checkpoint, device)
     tr = model.trainer
-    if dataset is not None or data_root is not None or dataset_kwargs is not None:
-        other = replace(cfg, dataset=dataset or cfg.dataset, data_root=data_root if data_root is not None else cfg.data_root,
-                        dataset_kwargs=dataset_kwargs if dataset_kwargs is not None else ({} if dataset else cfg.dataset_kwargs))
-        tr.protocol = DATASETS.get(other.dataset).protocol
-        if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (build_split(other, s, False) for s in ("query", "gallery"))
-        else: tr.test_ds = build_split(other, "test", False)
+    other = replace(cfg, dataset=dataset or cfg.dataset, data_root=data_root if data_root is not None else cfg.data_root,
+                    dataset_kwargs=dataset_kwargs if dataset_kwargs is not None else ({} if dataset else cfg.dataset_kwargs),
+                    device=device, progress=False)
+    tr.cfg, tr.protocol = other, dataset_protocol(other)   # the evaluation's data and loader settings
+    if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (build_split(other, s, False) for s in ("query", "gallery"))
+    else: tr.test_ds = build_split(other, "test", False)
     return tr.evaluate()
+
+# %% ../nbs/12_inference.ipynb #b437bbef
+def run_progress(run_dir, # a training run's output folder
+                ) -> dict:
+    "The epoch the run's last checkpoint holds, the epochs it was configured for, and whether training finished."
+    state = _read_checkpoint(checkpoint_file(run_dir, "last"))
+    epoch, epochs = int(state["epoch"]), int(state["config"]["epochs"])
+    return dict(epoch=epoch, epochs=epochs, finished=epoch >= epochs)
 
 # %% ../nbs/12_inference.ipynb #e6736774
 def save_embeddings(file, # .npz, or .npy (paths go to <name>.paths.txt)

@@ -7,12 +7,12 @@ Docs: https://dml-book.github.io/dml_book/registry.html.md"""
 # %% ../nbs/00_registry.ipynb #219d184b
 from __future__ import annotations
 from enum import Enum
-from typing import Callable
+from typing import Callable, Literal
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'ConfigError', 'UnknownNameError', 'DuplicateNameError', 'Registry',
-           'check_choice']
+__all__ = ['DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'CheckpointName', 'IndexKind', 'IndexMetric', 'ConfigError',
+           'UnknownNameError', 'DuplicateNameError', 'Registry', 'check_choice']
 
 # %% ../nbs/00_registry.ipynb #1a2e7782
 class ConfigError(ValueError):
@@ -84,11 +84,13 @@ def get(self: Registry,
     return self._items[name]
 
 @patch
-def names(self: Registry) -> list[str]: "The names `get` looks up, sorted (not one registered twice)."; return sorted({*self._items, *self._chapter} - {*self._twice})
+def names(self: Registry) -> list[str]:
+    "Names users can choose, sorted: not one registered twice, not the package's own (`_`-prefixed, found by `get` only)."
+    return sorted(n for n in {*self._items, *self._chapter} - {*self._twice} if not n.startswith("_"))
 @patch
 def duplicates(self: Registry) -> dict[str, str]: "{name registered twice: the message `get` raises for it}."; return dict(self._twice)
 @patch
-def __contains__(self: Registry, name: str) -> bool: return name in self.names()
+def __contains__(self: Registry, name: str) -> bool: return (name in self._items or name in self._chapter) and name not in self._twice
 @patch
 def __repr__(self: Registry) -> str: return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
@@ -97,3 +99,8 @@ DATASETS = Registry("dataset")
 LOSSES = Registry("loss")
 MINERS = Registry("miner")
 METHODS = Registry("method")
+
+# %% ../nbs/00_registry.ipynb #db40fdbc
+CheckpointName = Literal["best", "last"]   # best.pt (the epoch a validation split chose; else the last), or checkpoint.pt
+IndexKind = Literal["flat", "ivf", "hnsw"]   # exact, or approximate (for large galleries): inverted file, or HNSW graph
+IndexMetric = Literal["l2", "ip"]   # Euclidean distance, or inner product

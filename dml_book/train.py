@@ -14,7 +14,7 @@ import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
 from fastcore.basics import patch
 from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
-from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder
+from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder, record_training_split, dataset_protocol
 from .models import build_model, Head
 from .methods.base import Method, batch_loss_output
 from .samplers import ClassBalancedBatchSampler
@@ -169,13 +169,17 @@ def build_scheduler(optimizer, # the optimiser to schedule
 def _load_registries():
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
 
+def _absolute_root(cfg: TrainConfig) -> TrainConfig:
+    "`cfg` with `data_root` made absolute: the run's record then means the same folder from any working directory."
+    return cfg if cfg.data_root is None else replace(cfg, data_root=str(Path(cfg.data_root).expanduser().resolve()))
+
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
     def __init__(self, cfg: TrainConfig | None = None, # the run; None: `TrainConfig()`
                  method: Method | str | None = None, # a `Method` object to train (e.g. a chapter's own class), or a registered name
                  **overrides): # `TrainConfig` fields that replace those of `cfg`
         if isinstance(method, str): overrides["method"], method = method, None
-        self.cfg = cfg = replace(cfg or TrainConfig(), **overrides)
+        self.cfg = cfg = _absolute_root(replace(cfg or TrainConfig(), **overrides))
         check_config(cfg, method)   # the validation boundary (with the method's own `check`): nothing is loaded before it passes
         _load_registries(); seed_everything(cfg.seed)
         self.dist = init_distributed()  # under torchrun: rank, world size (see `dml_book.distributed`)
@@ -194,7 +198,7 @@ class Trainer:
 @patch
 def _build_data(self: Trainer):
     cfg = self.cfg
-    self.protocol = DATASETS.get(cfg.dataset).protocol
+    self.protocol = dataset_protocol(cfg)
     self.train_ds, self.val_ds = build_split(cfg, "train", True), None
     if cfg.val_fraction: self._hold_out_validation()
     if self.protocol == "reid": self.query_ds, self.gallery_ds = (build_split(cfg, s, False) for s in ("query", "gallery"))
@@ -492,7 +496,7 @@ def save_checkpoint(self: Trainer):
     write_checkpoint(state, self.out/"checkpoint.pt")
 
 # %% ../nbs/08_train.ipynb #989b1216
-_RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval_every",   # may differ on resume
+_RUN_KEYS = ("out", "data_root", "epochs", "device", "num_workers", "progress", "umap", "eval_every",   # may differ on resume
              "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile")
 
 @patch
@@ -632,6 +636,12 @@ def _record_preprocessing(self: Trainer):
     if (self.out/"preprocessing.json").exists(): return
     (self.out/"preprocessing.json").write_text(json.dumps(preprocessing_spec(self.cfg, self.train_ds[0][0])))
 
+# %% ../nbs/08_train.ipynb #bdd5a594
+def _record_data(self: Trainer):
+    "Write `data.json`: what a served run rebuilds its network from (see `record_training_split`)."
+    gallery = len(self.gallery_ds) + 1 if self.protocol == "reid" else len(self.test_ds)
+    record_training_split(self.train_ds, gallery, self.out)
+
 # %% ../nbs/08_train.ipynb #39dc76e2
 def lock_out(out: Path, # the run's output folder
             ):
@@ -650,7 +660,7 @@ def lock_out(out: Path, # the run's output folder
 def fit(self: Trainer) -> dict:
     "Train (resuming from `out/checkpoint.pt` if present), evaluate, and write `metrics.json`; returns the final metrics."
     cfg = self.cfg
-    if self.dist.is_main: _prepare_out(self.out); _record_preprocessing(self)
+    if self.dist.is_main: _prepare_out(self.out); _record_preprocessing(self); _record_data(self)
     lock = lock_out(self.out) if self.dist.is_main else None   # rank 0 holds the folder until the run ends
     try:
         if self.dist.enabled: torch.distributed.barrier()

@@ -6,7 +6,9 @@
    `dml-book experiment NAME --out-dir OUT/runs/NAME` (the executed notebook is saved beside its results);
 3. pages: each executed notebook becomes one HTML page with `jupyter nbconvert` (hidden cells and nbdev directives
    removed, figures embedded), named as nbdev names them (`20_methods.ala.ipynb` -> `methods.ala.html`), in the
-   reading order of nbs/sidebar.yml, with an index page linking the chapters in order.
+   reading order of nbs/sidebar.yml, with an index page linking the chapters in order. The pages need no network:
+   equations are typeset by a copy of MathJax 2.7 from the `jupyter-server-mathjax` package (a dev dependency) in
+   OUT/site/mathjax/, and nbconvert's require.js (for widgets, which the book has none of) is left out.
 
 `OUT/stamp.json` records a hash of the sources the preview was built from; `--if-stale` rebuilds only when they changed.
 """
@@ -107,6 +109,30 @@ def _title(nb) -> str:
     return "untitled"
 
 
+MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"   # a configuration the packaged MathJax ships
+
+def mathjax_source() -> Path:
+    "The folder of MathJax 2.7 that the `jupyter-server-mathjax` package ships (MathJax.js, config/, jax/, fonts/)."
+    try: import jupyter_server_mathjax
+    except ImportError: sys.exit("preview: equations need a local MathJax: pip install jupyter-server-mathjax (make install)")
+    return Path(jupyter_server_mathjax.__file__).parent/"static"
+
+
+def offline(body: str) -> str:
+    "A page without nbconvert's CDN require.js (needed only by widgets)."
+    return re.sub(r'<script src="https://[^"]*require[^"]*"></script>\s*', "", body)
+
+
+def render(exporter, nb, title: str, prefix: str, prev: tuple | None, nxt: tuple | None) -> str:
+    "One notebook as a page that needs no network: MathJax from `<prefix>mathjax/`, the navigation bar, the first figure marked."
+    exporter.mathjax_url = f"{prefix}mathjax/MathJax.js?config={MATHJAX_CONFIG}"
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    body = offline(body)
+    body = re.sub(r'<img (?=[^>]*src="data:image/png)', '<img id="first-figure" ', body, count=1)
+    body = body.replace("</body>", _FIGURE_VIEW + "</body>", 1)
+    return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + _nav(prefix, prev, nxt), body, count=1)
+
+
 def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
     "One HTML page per notebook in reading order, plus the index; returns the pages built."
     import nbformat
@@ -114,6 +140,7 @@ def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
     site = out/"site"
     shutil.rmtree(site, ignore_errors=True); (site/"experiments").mkdir(parents=True)
     exporter = HTMLExporter(template_name="lab")
+    shutil.copytree(mathjax_source(), site/"mathjax")
     pages = []
     for section, nbs in reading_order():
         for rel in nbs:
@@ -125,12 +152,8 @@ def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
         prefix = "../" * p["page"].count("/")
         prev = (pages[i-1]["page"], pages[i-1]["title"]) if i else None
         nxt = (pages[i+1]["page"], pages[i+1]["title"]) if i + 1 < len(pages) else None
-        body, _ = exporter.from_notebook_node(p.pop("nb"), resources={"metadata": {"name": p["title"]}})
-        body = re.sub(r'<img (?=[^>]*src="data:image/png)', '<img id="first-figure" ', body, count=1)
-        body = body.replace("</body>", _FIGURE_VIEW + "</body>", 1)
-        body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + _nav(prefix, prev, nxt), body, count=1)
         name = "home.html" if p["notebook"] == "index.ipynb" else p["page"]
-        (site/name).write_text(body)
+        (site/name).write_text(render(exporter, p.pop("nb"), p["title"], prefix, prev, nxt))
         p["file"] = name
     _write_index(site, pages)
     shutil.copy(NBS/"styles.css", site/"styles.css")

@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/data.core.html.md"""
 
 # %% ../../nbs/01d_data.core.ipynb #22da15f4
 from __future__ import annotations
-import inspect, os
+import inspect, json, os
 from collections import defaultdict
 from pathlib import Path
 from typing import Literal
@@ -20,8 +20,9 @@ from .transforms import get_transform
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['Decoder', 'DECODERS', 'EvalProtocol', 'DatasetNotFoundError', 'ImageReadError', 'load_image', 'load_tensor',
-           'find_root', 'check_files', 'ImageFileDataset', 'LabelledSubset', 'build_split', 'preprocessing_spec']
+__all__ = ['Decoder', 'DECODERS', 'EvalProtocol', 'RUN_RECORD', 'DatasetNotFoundError', 'ImageReadError', 'load_image',
+           'load_tensor', 'find_root', 'check_files', 'ImageFileDataset', 'LabelledSubset', 'build_split',
+           'dataset_protocol', 'preprocessing_spec', 'record_training_split', 'RunRecord']
 
 # %% ../../nbs/01d_data.core.ipynb #87877b07
 class DatasetNotFoundError(FileNotFoundError):
@@ -232,6 +233,12 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
     if transform is not None and tensor: ds.decoder = "torchvision"   # built-in data: nothing to decode
     return ds
 
+def dataset_protocol(cfg, # a `TrainConfig`: dataset, data_root
+                    ) -> EvalProtocol:
+    "How `cfg.dataset` is evaluated: its class's `protocol`, or what its `protocol_of(data_root)` reads from the data (a CSV's flags)."
+    cls = DATASETS.get(cfg.dataset)
+    return cls.protocol_of(cfg.data_root) if hasattr(cls, "protocol_of") else cls.protocol
+
 # %% ../../nbs/01d_data.core.ipynb #b4c8ee29
 def _spec_from_pipeline(tf) -> dict:
     "The spec of a deterministic torchvision evaluation pipeline (Resize, CenterCrop, ToTensor, Normalize)."
@@ -261,3 +268,37 @@ def preprocessing_spec(cfg, # the run's `TrainConfig` (its dataset registered: `
     if sample is None: sample = build_split(cfg, "train", False)[0][0]
     c, h, w = sample.shape
     return dict(mode="L" if c == 1 else "RGB", resize=[h, w], center_crop=None, mean=None, std=None, interpolation="bilinear")
+
+# %% ../../nbs/01d_data.core.ipynb #5ba10d21
+RUN_RECORD = "data.json"   # in a run folder: what its network was built from, without the images
+
+def record_training_split(ds, # the run's training split (`LabelledSubset`s of it are unwrapped)
+                          eval_size: int, # items of the run's test gallery (a served run's `ks` are checked against it)
+                          out, # the run folder
+                         ) -> Path:
+    "Write `out/data.json`: the labels, class names and image shape of the training split (atomically)."
+    while hasattr(ds, "dataset") and hasattr(ds, "indices"): ds = ds.dataset
+    rec = dict(version=1, labels=np.asarray(ds.labels).tolist(), class_names=[str(n) for n in ds.class_names],
+               shape=list(ds[0][0].shape), eval_size=int(eval_size))
+    path = Path(out)/RUN_RECORD; tmp = path.with_name(f".{RUN_RECORD}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(rec)); os.replace(tmp, path)
+    return path
+
+# %% ../../nbs/01d_data.core.ipynb #046033f8
+@DATASETS.register("_run")
+class RunRecord(Dataset):
+    "A run's training split as its `data.json` records it: the labels, and blank images of the recorded shape."
+    protocol = "retrieval"
+    def __init__(self, root, # the run folder
+                 split: str = "train", # train; any other split: the recorded number of blank test items
+                 transform=None): # unused: the images are blank tensors already
+        path = Path(root)/RUN_RECORD
+        if not path.is_file(): raise DatasetNotFoundError(f"{path} is missing: the run predates runs that record their training split")
+        rec = json.loads(path.read_text())
+        self.shape, train = tuple(rec["shape"]), split == "train"
+        self.labels = np.asarray(rec["labels"] if train else np.zeros(rec["eval_size"]), dtype=np.int64)
+        self.class_names = rec["class_names"] if train else ["blank"]
+    def __len__(self): return len(self.labels)
+    def __getitem__(self, i): return torch.zeros(self.shape), int(self.labels[i])
+    @classmethod
+    def default_transform(cls, train: bool): return None   # in memory: nothing to decode
