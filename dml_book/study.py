@@ -15,7 +15,7 @@ from .results import runs_frame, load_histories
 # %% auto #0
 __all__ = ['PRIMARY', 'SECONDARY', 'STUDY_LIMITS', 'LEGACY_NOTE', 'REFERENCE_SEED', 'seeds_needed', 'study_variants',
            'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'study_facts',
-           'study_report', 'arms_table', 'show_study', 'read_log', 'reference_run']
+           'study_report', 'arms_table', 'incomplete', 'show_study', 'read_log', 'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -185,6 +185,17 @@ LEGACY_NOTE = ("This study was stored before the study rules of `dml_book.study_
                "rate, arms whose equality nobody checked, so its interval is wide and its arms may differ in more than the "
                "method. It stays on the page until the study is re-run under those rules.")
 
+def incomplete(rep: dict, # a `study_report`
+              ) -> str | None:
+    "A sentence when the baseline or a main arm has fewer paired seeds than the power rule's minimum (None when none has)."
+    from dml_book.study_design import MIN_SEEDS
+    d, seeds = rep["design"], rep["facts"]["seeds"]
+    short = {a: seeds.get(a, 0) for a in (d.get("baseline", "baseline"), *d.get("main", ())) if seeds.get(a, 0) < MIN_SEEDS}
+    if not short: return None
+    which = ", ".join(f"{rep['labels'].get(a, a)} has {n}" for a, n in short.items())
+    return (f"This study is not finished: {which} of the "
+            f"at least {MIN_SEEDS} paired seeds the power rule asks for; `run_study` resumes it where it stopped.")
+
 def show_study(method: str, # the study's folder under `results/`
                root=None, # the results store (default: this clone's)
                dataset: str = "glyphs-XL", # the benchmark's name in the verdicts
@@ -195,6 +206,7 @@ def show_study(method: str, # the study's folder under `results/`
     if rep is None: print(f"no stored study under results/{method}/ in this copy of the book"); return None
     f = rep["facts"]
     if not rep["design"]: print(LEGACY_NOTE)
+    elif (short := incomplete(rep)): print(short)
     display(Markdown("\n".join(f"- {v}" for v in rep["verdicts"])))
     cpu = f"{f['cpu_seconds'] / 60:.0f} CPU-minutes" if f["cpu_seconds"] else "CPU time not recorded"
     print(f"Primary metric: test Recall@1 at the last epoch. {'/'.join(map(str, f['epochs']))} epochs of "
