@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from dml_book.study import read_log, reference_run, study_variants
 from dml_book.methods.ala import plot_assessment, assessment_sentence
-from dml_book.methods.hdml import plot_hardness, hardness_sentence, tuple_distances
+from dml_book.methods.hdml import plot_hardness, hardness_sentence, hardness_criterion, tuple_distances
 from dml_book.methods.dcml import plot_compositor_weights, compositor_sentence
 from dml_book.methods.pads import PADS, plot_policy_run, distribution_sentence, distribution_means
 from dml_book.methods.dmml import plot_set_distances, set_distance_sentence
@@ -75,9 +75,17 @@ def test_hdml_sentence_from_the_log():
     steps, _ = raw("hdml")
     s = hardness_sentence(reference_run("hdml", root=RESULTS)[0])
     m = lambda k, e: epoch_mean(steps, k, e)
-    for x in (f"λ averages {m('lam', 1):.2f} in epoch 1 and {m('lam', 20):.2f} in epoch 20", f"distance of {m('d_an_syn', 20):.2f}",
-              f"at {m('d_an_hat', 20):.2f}", f"{m('d_an', 20):.2f} for the real negatives", f"{m('d_ap', 20):.2f} for the positives"):
+    num = lambda x: f"{x:.2f}" if abs(x) >= 0.01 or x == 0 else f"{x:.1e}"
+    for x in (f"λ averages {num(m('lam', 1))} in epoch 1 and {num(m('lam', 20))} in epoch 20 ({num(m('lam', 2))} in epoch 2)",
+              f"distance of {m('d_an_syn', 20):.2f}", f"at {m('d_an_hat', 20):.2f}", f"{m('d_an', 20):.2f} for the real negatives",
+              f"{m('d_ap', 20):.2f} for the positives"):
         assert x in s, (x, s)
+    above = sum(m("j_syn", e) > m("j_real", e) for e in range(2, 21))
+    assert f"cost more than the real ones in {above} of the 19 epochs after the first" in s, s
+    if "viol_syn" in steps[0]:
+        assert f"{m('viol_real', 20):.0%} of the real and {m('viol_syn', 20):.0%} of the synthetic triplets violate the margin" in s
+    c = hardness_criterion(reference_run("hdml", root=RESULTS)[0])
+    assert c["met"] == (2 * above >= 19 and m("lam", 20) <= m("lam", 1) / 2) and c["syn_above_real"] == above
 
 
 def test_dcml_sentence_from_the_log():
@@ -124,6 +132,15 @@ def test_figures_and_sentences_on_a_tiny_log(tmp_path):
             plot_set_distances(steps)]
     assert all(len(f.axes) >= 2 for f in figs)
     assert len(figs[1].axes[1].lines) == 4 and list(figs[1].axes[1].lines[2].get_ydata()) == [0.6, 0.6, 0.6]
+    assert [len(ax.lines) for ax in figs[1].axes[2:]] == [0, 0] and "not logged" in figs[1].axes[3].texts[0].get_text()   # older logs
+    full = steps.assign(j_real=steps.epoch * 1.0, j_syn=2.0, viol_real=0.25, viol_syn=steps.epoch / 4)
+    fig = plot_hardness(full)
+    assert list(fig.axes[2].lines[1].get_ydata()) == [2.0] * 3 and list(fig.axes[3].lines[1].get_ydata()) == [0.25, 0.5, 0.75]
+    c = hardness_criterion(full)   # epochs 2, 3: J(T~) = 2 is not above J(T) = 2, 3; lambda's 0.7 is not below 0.9 / 2
+    assert (c["syn_above_real"], c["epochs_after_first"], c["met"]) == (0, 2, False)
+    c = hardness_criterion(full.assign(j_syn=2.5, lam=1.0 - 0.45 * (full.epoch - 1)))
+    assert (c["syn_above_real"], c["met"]) == (1, True) and math.isclose(c["lam_last"], 0.1)
+    assert "in 1 of the 2 epochs after the first" in hardness_sentence(full.assign(j_syn=2.5)) and "75% of the synthetic" in hardness_sentence(full)
     plt.close("all")
     np.testing.assert_allclose(distribution_means([[0.5, 0.5, 0.0], [0.0, 0.2, 0.8]], edges), [1.0, 2.3])
     assert "from 0.010 (mean over epoch 1) to 0.030 (epoch 3)" in assessment_sentence(steps, epochs)
