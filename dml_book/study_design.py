@@ -290,13 +290,24 @@ def _from_method(method: str, main: tuple, declared: dict, labels: dict) -> Stud
     arms = {a: _arm(**copy.deepcopy(kw)) for a, kw in METHODS.get(method).study_arms.items()}
     return Study(method, arms, declared, main=main, labels=labels)
 
+def _from_presets(method: str, presets: dict, main: tuple, declared: dict, labels: dict) -> Study:
+    "A study whose arms are named presets of `method` (arm -> preset name) with the study's settings."
+    import copy, dml_book.methods  # noqa: F401  (fills the registry)
+    from dml_book.registry import METHODS
+    own = METHODS.get(method).presets
+    return Study(method, {a: _arm(method=method, **copy.deepcopy(own[p])) for a, p in presets.items()}, declared, main=main, labels=labels)
+
 def _studies() -> dict:
     "Study name -> a function building it."
     base = lambda **kw: _arm(method="baseline", loss="triplet", **kw)
     return {
-        "hdml": lambda: Study("hdml", {"baseline": _arm(method="hdml", loss="triplet", method_kwargs={"synthesize": False}),
-                                       "hdml": _arm(method="hdml", loss="triplet")},
-                              {"hdml": ("method_kwargs.synthesize",)}, main=("hdml",), labels={"hdml": "HDML"}),
+        "hdml": lambda: _from_presets("hdml", {"baseline": "glyphs-baseline", "hdml": "glyphs", "hdml-no-softmax": "glyphs-no-softmax",
+                                               "hdml-alpha7": "glyphs-alpha7", "hdml-alpha30": "glyphs-alpha30"}, main=("hdml",),
+                              declared={"hdml": ("method_kwargs.synthesize",),
+                                        "hdml-no-softmax": ("method_kwargs.synthesize", "method_kwargs.softmax"),
+                                        "hdml-alpha7": ("method_kwargs.synthesize", "method_kwargs.pulling_factor"),
+                                        "hdml-alpha30": ("method_kwargs.synthesize", "method_kwargs.pulling_factor")},
+                              labels={"baseline": "triplet, same tuples", "hdml": "HDML"}),
         "pads": lambda: Study("pads", {"baseline": _arm(method="pads", loss="margin", method_kwargs={"adapt": False}),
                                        "pads": _arm(method="pads", loss="margin")},
                               {"pads": ("method_kwargs.adapt",)}, main=("pads",), labels={"pads": "PADS"}),
