@@ -11,7 +11,7 @@ from dml_book.study import read_log, reference_run, study_variants
 from dml_book.methods.ala import plot_assessment, assessment_sentence
 from dml_book.methods.hdml import plot_hardness, hardness_sentence, hardness_criterion, tuple_distances
 from dml_book.methods.dcml import plot_compositor_weights, compositor_sentence
-from dml_book.methods.pads import PADS, plot_policy_run, distribution_sentence, distribution_means
+from dml_book.methods.pads import PADS, plot_policy_run, distribution_sentence, distribution_means, critic_sentence, signal_sentence
 from dml_book.methods.dmml import plot_set_distances, set_distance_sentence
 
 RESULTS = Path(__file__).resolve().parents[1]/"results"
@@ -69,6 +69,30 @@ def test_pads_sentence_from_the_log():
     for x in (f"Over {epochs[-1]['policy_steps']} policy steps", f"from {mean(probs[0]):.3f} at the end of epoch 1",
               f"to {mean(probs[-1]):.3f} at epoch 20", f"from [{edges[top(probs[0])]:.2f}, ", f"to [{edges[top(probs[-1])]:.2f}, "):
         assert x in s, (x, s)
+
+
+def test_pads_critic_and_signal_sentences_from_the_log():
+    "The critic's value range and the advantage's agreement with the reward; the correlation of an action's effect with its reward."
+    steps, _ = raw("pads")
+    s = critic_sentence(reference_run("pads", root=RESULTS)[0])
+    upd = [r for r in steps if r.get("value") is not None and r.get("reward") is not None]
+    agree = sum(np.sign(r["advantage"]) == np.sign(r["reward"]) for r in upd)
+    for x in (f"Over {len(upd)} policy updates", f"between {min(r['value'] for r in upd):.2f} and {max(r['value'] for r in upd):.2f}",
+              f"reward's sign in {agree} of the {len(upd)} updates"):
+        assert x in s, (x, s)
+    edges = np.linspace(0.1, 1.4, 31)
+    pol = [r for r in steps if "pads_probs" in r]
+    mean = lambda p: sum(pk * (edges[k] + edges[k + 1]) / 2 for k, pk in enumerate(p))
+    shift = [mean(pol[t - 1]["pads_probs"]) - mean(pol[t - 2]["pads_probs"]) for t in range(2, len(pol))]
+    corr = np.corrcoef(shift, [pol[t]["reward"] for t in range(2, len(pol))])[0, 1]
+    s = signal_sentence(reference_run("pads", root=RESULTS)[0], edges)
+    assert f"Over {len(pol) - 2} rewarded actions" in s and f"correlates with the reward at {corr:+.2f}" in s, s
+    if all("d_an" in r for r in steps):   # logs since the critic fix: the mean sampled distance, M iterations after vs before
+        at = [r["step"] for r in pol]
+        window = lambda lo, hi: np.mean([r["d_an"] for r in steps if lo < r["step"] <= hi])
+        d_shift = [window(at[t - 1], at[t]) - window(at[t - 2], at[t - 1]) for t in range(2, len(pol))]
+        corr = np.corrcoef(d_shift, [pol[t]["reward"] for t in range(2, len(pol))])[0, 1]
+        assert f"that of the mean sampled distance at {corr:+.2f}" in s, s
 
 
 def test_hdml_sentence_from_the_log():

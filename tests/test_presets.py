@@ -202,7 +202,8 @@ def test_pads_presets():
                                  val_fraction=0.15,                        # Sec. 5: 15% of the training images
                                  val_by_class=r["by_class"],               # SOP: whole classes (see the chapter)
                                  init="uniform_low",                       # Sec. 4.2: leaning to small distances; official
-                                 recall_ks=r["ks"], self_regularization=True))
+                                 recall_ks=r["ks"]))                      # self-regularisation off: the method's default,
+    assert not METHODS.get("pads")(**preset_config("pads", "cub200").method_kwargs).self_regularization   # as in SAMPLE_RUNS.sh
 
 
 def test_pads_preset_method_kwargs_are_the_defaults_for_the_bins():
