@@ -191,7 +191,8 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.param_groups(), self.method)
         if self.dist.enabled: self._synchronise()
         self._build_sampler()
-        self.scheduler = build_scheduler(self.optimizer, cfg, self.steps_per_epoch)
+        per_epoch = len(self.loader) if cfg.max_steps_per_epoch is None else min(len(self.loader), cfg.max_steps_per_epoch)
+        self.scheduler = build_scheduler(self.optimizer, cfg, per_epoch)   # per_epoch: `steps_per_epoch`, defined below
         self.epoch, self.step, self.history = 0, 0, []
 
 # %% ../nbs/08_train.ipynb #db3392d3
@@ -599,6 +600,16 @@ def keep_if_best(self: Trainer):
     if self.val_ds is None or not self.dist.is_main or "val_R@1" not in epochs[-1] or select_epoch(epochs) is not epochs[-1]: return
     write_checkpoint(dict(epoch=self.epoch, model=self.model.state_dict(), method=self.method.state_dict()), self.out/"best.pt")
 
+# %% ../nbs/08_train.ipynb #0f39eed5
+@patch
+def run_summary(self: Trainer) -> dict:
+    "What the run trained and was evaluated on: classes and images per split, steps taken, steps per epoch."
+    count = lambda ds: dict(classes=int(len(np.unique(ds.labels))), images=len(ds)) if ds is not None else None
+    splits = dict(train=self.train_ds, validation=self.val_ds, **({"query": self.query_ds, "gallery": self.gallery_ds}
+                  if self.protocol == "reid" else {"test": self.test_ds}))
+    return dict(steps=self.step, steps_per_epoch=self.steps_per_epoch, precision=resolve_precision(self.cfg.precision, self.device),
+                **{k: count(ds) for k, ds in splits.items()})
+
 # %% ../nbs/08_train.ipynb #f8be7c18
 @patch
 def write_metrics(self: Trainer):
@@ -612,16 +623,6 @@ def write_metrics(self: Trainer):
     if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
         summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
     (self.out/"metrics.json").write_text(to_json(summary, indent=1))
-
-# %% ../nbs/08_train.ipynb #0f39eed5
-@patch
-def run_summary(self: Trainer) -> dict:
-    "What the run trained and was evaluated on: classes and images per split, steps taken, steps per epoch."
-    count = lambda ds: dict(classes=int(len(np.unique(ds.labels))), images=len(ds)) if ds is not None else None
-    splits = dict(train=self.train_ds, validation=self.val_ds, **({"query": self.query_ds, "gallery": self.gallery_ds}
-                  if self.protocol == "reid" else {"test": self.test_ds}))
-    return dict(steps=self.step, steps_per_epoch=self.steps_per_epoch, precision=resolve_precision(self.cfg.precision, self.device),
-                **{k: count(ds) for k, ds in splits.items()})
 
 # %% ../nbs/08_train.ipynb #3821e814
 def _prepare_out(out: Path):

@@ -115,11 +115,12 @@ def test_hdml_sentence_from_the_log():
 def test_dcml_sentence_from_the_log():
     _, epochs = raw("dcml")
     w = [np.array(r["compositor_weights"]) for r in epochs if "compositor_weights" in r]
-    assert len(w) == 20 and w[0].shape == (8, 4)
+    n = max(r["epoch"] for r in epochs)   # the run's own budget
+    assert len(w) == n and w[0].shape == (8, 4)
     np.testing.assert_allclose(w[-1].sum(1), 1, atol=1e-5)   # |c| sums to 1 over the learners
     s = compositor_sentence(reference_run("dcml", root=RESULTS)[1])
     lead = sorted({int(np.argmax(row)) for row in w[-1]})
-    for x in (f"{np.mean([row.max() for row in w[0]]):.2f} of its weight at epoch 1", f"{np.mean([row.max() for row in w[-1]]):.2f} at epoch 20",
+    for x in (f"{np.mean([row.max() for row in w[0]]):.2f} of its weight at epoch 1", f"{np.mean([row.max() for row in w[-1]]):.2f} at epoch {n}",
               f"{len(lead)} of the 4 learners", ", ".join(map(str, lead))):
         assert x in s, (x, s)
 
