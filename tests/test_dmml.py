@@ -356,11 +356,11 @@ def test_study_arms_differ_only_in_what_they_change(tmp_path):
     b, m = arms["baseline"], arms["dmml"]
     assert (b["method"], b["miner"], b["loss"], b["loss_kwargs"]) == ("episodes", "batchhard", "triplet", dict(margin=0.2, reduction="mean"))
     assert b["method_kwargs"] == m["method_kwargs"] == dict(n_classes=16, n_support=3, n_query=1)
-    assert b["batch_size"] == m["batch_size"] == 16 * 4
+    from dml_book.study_design import STUDY_SETTINGS
+    assert 16 * (3 + 1) == STUDY_SETTINGS["batch_size"]                           # an episode is the study's batch
     assert arms["dmml-episode-shape"]["method_kwargs"] == dict(m["method_kwargs"], n_classes=32)
-    assert arms["dmml-episode-shape"]["batch_size"] == 32 * 4
     assert arms["dmml-normalised"]["method_kwargs"] == dict(m["method_kwargs"], normalize_train=True)
-    assert arms["all-triplet"] == dict(method="baseline", loss="triplet", batch_size=64, m_per_class=2)
+    assert arms["all-triplet"] == dict(method="baseline", loss="triplet")          # the study's class-balanced batches
     arms["dmml"]["method_kwargs"]["n_classes"] = 99                              # a copy per arm: editing one edits no other
     try: assert arms["baseline"]["method_kwargs"]["n_classes"] == 16
     finally: arms["dmml"]["method_kwargs"]["n_classes"] = 16
