@@ -272,13 +272,19 @@ def test_reid_end_to_end_on_replicas(tmp_path, dataset, writer):
 
 @pytest.mark.slow
 def test_resume_equals_uninterrupted_run(tmp_path):
-    "Two epochs in one go == one epoch, then resume to two (the schedule's base rate rides in the optimiser)."
+    "Two epochs in one go == the same run stopped after its first epoch and resumed, on the run's half_exp schedule."
     from dml_book.train import TrainConfig, Trainer, train
-    kw = dict(dataset="digits", method="dmml", seed=0, max_steps_per_epoch=3,
-              lr_schedule="half_exp", lr_final_fraction=0.005, method_kwargs=dict(n_classes=5, n_support=3, n_query=1))
-    train(TrainConfig(epochs=2, out=str(tmp_path/"straight"), **kw))
-    train(TrainConfig(epochs=1, out=str(tmp_path/"resumed"), **kw))
-    resumed = Trainer(TrainConfig(epochs=2, out=str(tmp_path/"resumed"), **kw))
+    kw = dict(dataset="digits", method="dmml", seed=0, max_steps_per_epoch=3, epochs=2, lr_schedule="half_exp",
+              lr_final_fraction=0.005, method_kwargs=dict(n_classes=5, n_support=3, n_query=1))
+    train(TrainConfig(out=str(tmp_path/"straight"), **kw))
+    class Stop(Exception): pass
+    cut = Trainer(TrainConfig(out=str(tmp_path/"resumed"), **kw)); save = cut.save_checkpoint
+    def save_then_stop():
+        save()
+        if cut.epoch == 1: raise Stop                                  # interrupted after the first epoch
+    cut.save_checkpoint = save_then_stop
+    with pytest.raises(Stop): cut.fit()
+    resumed = Trainer(TrainConfig(out=str(tmp_path/"resumed"), **kw))
     resumed.fit()
     a = read_checkpoint(tmp_path/"straight"/"checkpoint.pt")
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.005)
@@ -350,11 +356,11 @@ def test_study_arms_differ_only_in_what_they_change(tmp_path):
     b, m = arms["baseline"], arms["dmml"]
     assert (b["method"], b["miner"], b["loss"], b["loss_kwargs"]) == ("episodes", "batchhard", "triplet", dict(margin=0.2, reduction="mean"))
     assert b["method_kwargs"] == m["method_kwargs"] == dict(n_classes=16, n_support=3, n_query=1)
-    assert b["batch_size"] == m["batch_size"] == 16 * 4
+    from dml_book.study_design import STUDY_SETTINGS
+    assert 16 * (3 + 1) == STUDY_SETTINGS["batch_size"]                           # an episode is the study's batch
     assert arms["dmml-episode-shape"]["method_kwargs"] == dict(m["method_kwargs"], n_classes=32)
-    assert arms["dmml-episode-shape"]["batch_size"] == 32 * 4
     assert arms["dmml-normalised"]["method_kwargs"] == dict(m["method_kwargs"], normalize_train=True)
-    assert arms["all-triplet"] == dict(method="baseline", loss="triplet", batch_size=64, m_per_class=2)
+    assert arms["all-triplet"] == dict(method="baseline", loss="triplet")          # the study's class-balanced batches
     arms["dmml"]["method_kwargs"]["n_classes"] = 99                              # a copy per arm: editing one edits no other
     try: assert arms["baseline"]["method_kwargs"]["n_classes"] == 16
     finally: arms["dmml"]["method_kwargs"]["n_classes"] = 16

@@ -322,13 +322,13 @@ def set_distance_sentence(steps, # step records of a DMML run (`read_log`): `d_p
     return f"Mean set distances go from {part(f, per.index[0])} to {part(l, per.index[-1])}."
 
 # %% ../../nbs/24_methods.dmml.ipynb #698eb6b5
-_EPISODE = dict(n_classes=16, n_support=3, n_query=1)   # the study's episode on glyphs-XL: 16 x (3 + 1) = 64 images
+_EPISODE = dict(n_classes=16, n_support=3, n_query=1)   # the study's episode on glyphs-XL: 16 x (3 + 1) = 64 images, its batch size
 _BATCH_HARD = dict(loss="triplet", loss_kwargs=dict(margin=0.2, reduction="mean"), miner="batchhard")   # Table 3's Triplet
-DMML.study_arms = {
-    "baseline": dict(method="episodes", method_kwargs=dict(_EPISODE), batch_size=64, m_per_class=4, **_BATCH_HARD),
-    "dmml": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE), batch_size=64, m_per_class=4),
-    "all-triplet": dict(method="baseline", loss="triplet", batch_size=64, m_per_class=2),
-    "dmml-episode-shape": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE, n_classes=32), batch_size=128, m_per_class=4),
-    "dmml-normalised": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE, normalize_train=True), batch_size=64, m_per_class=4)}
-DMML.attribution = {"all-triplet": "baseline: every triplet of 32 x 2 class-balanced batches",   # arm -> what it changes
+DMML.study_arms = {   # the episode's size lives in method_kwargs: batch_size and m_per_class are the study's (unused by episodes)
+    "baseline": dict(method="episodes", method_kwargs=dict(_EPISODE), **_BATCH_HARD),
+    "dmml": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE)),
+    "all-triplet": dict(method="baseline", loss="triplet"),
+    "dmml-episode-shape": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE, n_classes=32)),
+    "dmml-normalised": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE, normalize_train=True))}
+DMML.attribution = {"all-triplet": "baseline: every triplet of class-balanced batches", # arm -> what it changes
                     "dmml-episode-shape": "episodes of M = 32 classes", "dmml-normalised": "trains on the normalised embedding"}
