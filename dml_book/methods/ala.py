@@ -431,7 +431,7 @@ def plot_weight_analysis(steps, # step records of an ALA run (`read_log`): `weig
         ax.plot(x, steps[k], lw=0.5, alpha=0.3, color=color)
         ax.plot(x, steps[k].rolling(per, min_periods=1, center=True).mean(), lw=1.5, color=color, label=label)
     titles = ["(a) std of the weights", "(b) mean of the weights", "(c) average weighted hardness", "(d) AWH ratio, weighted / unweighted"]
-    for ax, title in zip(axs, titles): ax.set(title=title, xlabel="iteration")
+    for ax, title in zip(axs, titles): ax.set(title=title, xlabel="iteration"); ax.ticklabel_format(axis="y", useOffset=False)
     for ax, k in zip(axs, ("weight_std", "weight_mean")):
         if k in steps: curve(ax, k)
     if "awh" not in steps:
