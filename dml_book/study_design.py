@@ -317,8 +317,15 @@ def _studies() -> dict:
                               labels={"baseline": "fixed initial distribution", "pads": "PADS",
                                       "distance-weighted": "distance-weighted sampling (Table 1, U-dist)"}),
         "ala": lambda: Study("ala", {"baseline": _arm(method="ala", loss="triplet", method_kwargs={"assess": False}),
-                                     "ala": _arm(method="ala", loss="triplet")},
-                             {"ala": ("method_kwargs.assess",)}, main=("ala",), labels={"ala": "ALA"}),
+                                     "ala": _arm(method="ala", loss="triplet"),
+                                     "ala-bigval": _arm(method="ala", loss="triplet", method_kwargs={"n_val": 100, "episodes_per_epoch": 33}),
+                                     "ala-full-lookahead": _arm(method="ala", loss="triplet", method_kwargs={"step": "all"}),
+                                     "ceiling": _arm(method="ala", loss="triplet", method_kwargs={"assess": False, "rule": "hardness"})},
+                             {"ala": ("method_kwargs.assess",),
+                              "ala-bigval": ("method_kwargs.assess", "method_kwargs.n_val", "method_kwargs.episodes_per_epoch"),
+                              "ala-full-lookahead": ("method_kwargs.assess", "method_kwargs.step"),
+                              "ceiling": ("method_kwargs.rule",)},   # the same episodes and tuples, weights from a fixed rule
+                             main=("ala",), labels={"baseline": "triplet, same episodes unweighted", "ala": "ALA"}),
         "dcml": lambda: _from_method("dcml", main=("dcml",), declared={
                               "dcml": ("method",), "dcml-no-subtasks": ("method", "method_kwargs.use_subtasks"),
                               "dcml-no-tanh": ("method", "method_kwargs.use_sign"), "dcml-subtask-mean": ("method", "method_kwargs.lambda_m"),
