@@ -13,33 +13,30 @@ import numpy as np, pandas as pd
 from .results import runs_frame, load_histories
 
 # %% auto #0
-__all__ = ['PRIMARY', 'SECONDARY', 'STUDY_LIMITS', 'LEGACY_NOTE', 'REFERENCE_SEED', 'seeds_needed', 'study_variants',
-           'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'study_facts',
-           'study_report', 'arms_table', 'incomplete', 'show_study', 'read_log', 'reference_run']
+__all__ = ['PRIMARY', 'SECONDARY', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS', 'LEGACY_NOTE',
+           'REFERENCE_SEED', 'seeds_needed', 'study_frame', 'paired_difference', 'study_table', 'plot_study_curves',
+           'verdict', 'study_facts', 'study_report', 'arms_table', 'incomplete', 'show_study', 'read_log',
+           'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
 SECONDARY = dict(metric="R@1", stage="selected")  # test Recall@1 at the epoch the validation split selects
 
 # %% ../nbs/11a_study.ipynb #2339cd63
+MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS = 5, 20, 3   # the power rule: at least 5 paired seeds, at most 20; ablations: 3
+TARGET_HALF_WIDTH = 1.0                            # points of the primary metric: the 95% interval's half-width aimed at
+
 def seeds_needed(sd: float, # standard deviation of the paired differences (points)
-                 half_width: float = 1.0, # the interval's half-width aimed at (points)
+                 half_width: float = TARGET_HALF_WIDTH, # the interval's half-width aimed at (points)
                  confidence: float = 0.95, # level of the interval
                  lo: int = 2, # fewest seeds returned
-                 hi: int = 20, # most seeds returned (the cap)
+                 hi: int = MAX_SEEDS, # most seeds returned (the cap)
                 ) -> int:
     "The smallest n in [lo, hi] with t(confidence, n-1) * sd / sqrt(n) <= half_width (hi when none is)."
     from scipy import stats
     for n in range(max(2, lo), hi + 1):
         if stats.t.ppf(0.5 + confidence/2, n - 1) * sd / math.sqrt(n) <= half_width: return n
     return hi
-
-# %% ../nbs/11a_study.ipynb #08a64f06
-def study_variants(method: str, # a method with a study: ala, hdml, dcml, pads or dmml
-                  ) -> dict:
-    "The arms of `method`'s study (name -> `TrainConfig`), the baseline first (`dml_book.study_design.study_spec`)."
-    from dml_book.study_design import study_spec
-    return study_spec(method).arms
 
 # %% ../nbs/11a_study.ipynb #37c897e5
 def study_frame(root, # the study's output folder
@@ -188,7 +185,6 @@ LEGACY_NOTE = ("This study was stored before the study rules of `dml_book.study_
 def incomplete(rep: dict, # a `study_report`
               ) -> str | None:
     "A sentence when the baseline or a main arm has fewer paired seeds than the power rule's minimum (None when none has)."
-    from dml_book.study_design import MIN_SEEDS
     d, seeds = rep["design"], rep["facts"]["seeds"]
     short = {a: seeds.get(a, 0) for a in (d.get("baseline", "baseline"), *d.get("main", ())) if seeds.get(a, 0) < MIN_SEEDS}
     if not short: return None

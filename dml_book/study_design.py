@@ -10,13 +10,13 @@ import json, math, os, resource, shutil, sys, time
 from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 import numpy as np, pandas as pd
-from .study import study_frame, paired_difference, seeds_needed, PRIMARY, REFERENCE_SEED
+from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, REFERENCE_SEED,
+                            MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS, TARGET_HALF_WIDTH)
 
 # %% auto #0
-__all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_SEEDS',
-           'study_config', 'plot_calibration', 'precision_check', 'StudyError', 'config_fields', 'arm_differences',
-           'Study', 'check_arms', 'run_facts', 'check_runs', 'train_one', 'run_arms', 'plan_seeds', 'describe',
-           'run_study', 'study_spec']
+__all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'study_config', 'plot_calibration', 'precision_check', 'StudyError',
+           'config_fields', 'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'train_one',
+           'run_arms', 'plan_seeds', 'describe', 'run_study', 'study_spec', 'study_variants']
 
 # %% ../nbs/11b_study_design.ipynb #e5164b8b
 FAST_PATH = dict(precision="auto", channels_last=True)   # bf16 where the device has the units; benchmarks/study_run.py
@@ -24,8 +24,6 @@ STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={"strength": 0.5}, bac
                       epochs=30, batch_size=64, m_per_class=2, val_fraction=0.2, eval_every=5,
                       lr_schedule="cosine", lr_warmup_epochs=1, lr_final_fraction=0.01,
                       umap=False, progress=False, **FAST_PATH)   # calibrated: results/calibration/budget
-MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS = 5, 20, 3   # power rule: at least 5 paired seeds, at most 20; ablations: 3
-TARGET_HALF_WIDTH = 1.0                            # points of the primary metric: the 95% interval's half-width aimed at
 
 def study_config(cfg, # the `TrainConfig` to start from
                  **overrides,
@@ -352,3 +350,8 @@ def study_spec(name: str, # a study: ala, hdml, dcml, pads, dmml, calibration/pr
     studies = _studies()
     check_choice("study", name, sorted(studies))
     return studies[name]()
+
+def study_variants(name: str, # a study, as in `study_spec`
+                  ) -> dict:
+    "The arms of the study `name` (arm -> `TrainConfig`), the baseline first."
+    return study_spec(name).arms

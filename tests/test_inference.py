@@ -179,7 +179,7 @@ def test_train_digits_runs_with_the_defaults(tmp_path):
 def test_help_names_meanings_choices_and_real_defaults():
     sub = parser()._subparsers._group_actions[0].choices
     h = " ".join(sub["train"].format_help().split("options:")[1].split())
-    for flag, names in [("--dataset", "cars196, cub200, digits"), ("--loss", "angular, contrastive"),
+    for flag, names in [("--dataset", "cars196, csv, cub200, digits"), ("--loss", "angular, contrastive"),
                         ("--miner", "batchhard, distance_weighted"), ("--method", "ala, baseline, dcml"),
                         ("--backbone", "smallcnn, googlenet"), ("--preset", "hdml: paper-triplet")]:
         assert f"{flag} " in h and names in h.split(flag + " ", 1)[1][:600], flag

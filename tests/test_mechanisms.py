@@ -7,7 +7,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-from dml_book.study import read_log, reference_run, study_variants
+from dml_book.study import read_log, reference_run
+from dml_book.study_design import study_variants
 from dml_book.methods.ala import plot_assessment, assessment_sentence
 from dml_book.methods.hdml import plot_hardness, hardness_sentence, hardness_criterion, tuple_distances
 from dml_book.methods.dcml import plot_compositor_weights, compositor_sentence

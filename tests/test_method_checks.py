@@ -86,6 +86,6 @@ def test_a_duplicate_name_is_one_line_and_list_still_works(tmp_path, capsys, mon
                                "give one of them another name in its register(...) decorator"], err
     assert main(["list", "methods"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [l.split()[0] for l in out[1:]] == ["ala", "baseline", "dcml", "dmml", "pads", "hdml"]   # the others usable, the duplicate named
+    assert [l.split()[0] for l in out[1:]] == ["ala", "baseline", "dcml", "dmml", "episodes", "pads", "hdml"]   # the others usable, the duplicate named
     assert out[-1].split(None, 1)[1].startswith("unusable: method 'hdml' is registered twice")
     assert main(["train", "--method", "pads", "--miner", "semihard", "--out", str(tmp_path/"b")]) == 2   # other methods still checked
