@@ -57,7 +57,20 @@ def execute_chapters(out: Path, n_workers: int = 2) -> Path:
     r = subprocess.run([str(BIN/"nbdev-test"), "--n-workers", str(n_workers), "--timing", "--save", str(dest)], cwd=ROOT)
     if r.returncode: sys.exit(f"preview: nbdev-test failed on the chapters (exit {r.returncode})")
     print(f"preview: chapters executed in {time.time() - t0:.0f} s")
+    for w in stray_warnings(dest): print(f"preview: a chapter printed a warning: {w}")   # each one is a chapter to fix
     return dest
+
+
+def stray_warnings(executed: Path) -> list[str]:
+    "Warnings the executed chapters printed (stderr outputs that name a Warning): `chapter.ipynb: first line`."
+    import nbformat
+    found = []
+    for nb_path in sorted(executed.glob("*.ipynb")):
+        for c in nbformat.read(str(nb_path), as_version=4).cells:
+            for o in c.get("outputs", []):
+                text = o.get("text", "") if o.get("output_type") == "stream" and o.get("name") == "stderr" else ""
+                if "Warning" in text: found.append(f"{nb_path.name}: {text.strip().splitlines()[0][:160]}")
+    return found
 
 
 def run_experiments(out: Path) -> Path:

@@ -60,7 +60,7 @@ def load_tensor(path, # an image file
     return t if t is not None else _pil_to_tensor(load_image(path))
 
 def _pil_to_tensor(im: Image.Image) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(im)).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(np.array(im)).permute(2, 0, 1).contiguous()   # a copy: PIL's buffer is read-only
 
 Decoder = Literal["pil", "torchvision"]   # how image files are read (`TrainConfig.decoder`): PIL, or torchvision.io to tensors
 DECODERS = {"pil": load_image, "torchvision": load_tensor}   # a reader for each `Decoder`
