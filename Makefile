@@ -28,7 +28,10 @@ test: $(STAMP)
 	$(BIN)/python tools/preview.py --out _preview
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 tests/
 
+# The navigation from the chapters' own titles and summaries (nbs/sidebar.yml, the home page's methods table:
+# tools/navigation.py), then README.md from the home page. Run it after adding or retitling a chapter.
 readme: $(STAMP)
+	$(BIN)/python tools/navigation.py
 	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README
 
 docs: $(STAMP)

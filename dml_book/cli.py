@@ -11,23 +11,15 @@ from dataclasses import fields, asdict, replace
 from pathlib import Path
 from typing import Literal, get_args, get_origin, get_type_hints
 from fastcore.imports import in_notebook
-from fastcore.docments import docments
-from .registry import UnknownNameError, DATASETS, LOSSES, MINERS, METHODS, quote
-from .models import PretrainedWeightsUnavailable
-from .train import TrainConfig, ConfigError, Trainer, preset_config, TrainingDiverged
-from .checkpoint import CheckpointError
-from .data.core import ImageReadError
-from .data.download import DownloadError
-from .files import FileError, FIGURE_SUFFIXES, check_output, check_folder, refuse_links, save_figure
-from .inference import CheckpointName
-from .index import IndexKind, IndexMetric
-from .results import ExperimentError, run_experiment
+from .registry import (ConfigError, UnknownNameError, DATASETS, LOSSES, MINERS, METHODS, CheckpointName,
+                               IndexKind, IndexMetric, quote)   # no torch: each command imports what it needs
+from .files import FileError, FIGURE_SUFFIXES, check_output, check_folder, refuse_links, save_figure   # no torch either
 
 # %% auto #0
-__all__ = ['CLI_DEFAULTS', 'LISTS', 'USER_ERRORS', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'parser', 'results_table',
+__all__ = ['CLI_DEFAULTS', 'LISTS', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'parser', 'results_table',
            'evaluate_command', 'embed_command', 'index_command', 'search_command', 'catalogue', 'list_command',
-           'read_config_file', 'dataset_defaults', 'train_command', 'experiment_command', 'one_line', 'error_line',
-           'main']
+           'user_errors', 'read_config_file', 'dataset_defaults', 'train_command', 'experiment_command', 'one_line',
+           'error_line', 'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
@@ -59,7 +51,7 @@ def _literal_fields(cls) -> dict[str, list[str]]:
 
 def choices() -> dict[str, list[str]]:
     "The names each naming field of `TrainConfig` accepts (registered datasets, losses, miners, methods, ...; the values of its `Literal` fields)."
-    from dml_book.train import _load_registries
+    from dml_book.train import _load_registries, TrainConfig
     from dml_book.models import BACKBONES
     from dml_book.data.transforms import TRANSFORM_PRESETS
     _load_registries()
@@ -75,12 +67,15 @@ def _without_names(comment: str, names: list[str]) -> str:
     return f"{head}; " if tail and only_names(tail) else f"{comment}; "
 
 def _add_config_flags(p: argparse.ArgumentParser):
+    from fastcore.docments import docments
+    from dml_book.train import TrainConfig
     docs, defaults, names = docments(TrainConfig), {**asdict(TrainConfig()), **CLI_DEFAULTS}, choices()
     for f in fields(TrainConfig):
         flag, conv, kw = "--" + f.name.replace("_", "-"), _parse_type(str(f.type)), dict(default=argparse.SUPPRESS)
         help = docs.get(f.name) or ""
         if f.name in names: help = _without_names(help, names[f.name]) + f"one of: {', '.join(names[f.name])}"
-        help = f"{help} (default: {defaults[f.name]!r})".replace("%", "%%")
+        default = "True on a terminal" if f.name == "progress" else repr(defaults[f.name])   # no bars in a redirected log
+        help = f"{help} (default: {default})".replace("%", "%%")
         if str(f.type) == "bool": p.add_argument(flag, action=argparse.BooleanOptionalAction, help=help, **kw)
         elif str(f.type).startswith("tuple"): p.add_argument(flag, type=conv, nargs="+", help=help, **kw)
         else: p.add_argument(flag, type=conv, help=help, metavar=f.name.upper(), **kw)
@@ -97,7 +92,7 @@ def _add_run_commands(sub):
     ev.add_argument("--dataset", default=None, help="evaluate on this registered dataset instead (default: the run's)")
     ev.add_argument("--data-root", default=None, help="its folder")
     ev.add_argument("--dataset-kwargs", type=_json, default=None, metavar="JSON", help="its constructor arguments")
-    ev.add_argument("--json", action="store_true", help="print JSON with the keys of metrics.json's final metrics")
+    ev.add_argument("--json", action="store_true", help="print JSON: the metrics (keys as in metrics.json's final), checkpoint, epochs_trained, epochs, finished")
     em = sub.add_parser("embed", help="embed image files or folders with a run's network and evaluation preprocessing")
     em.add_argument("run_dir", **run); em.add_argument("images", nargs="+", help="image files and folders (searched recursively)")
     em.add_argument("--out", required=True, help="FILE.npz (embeddings and paths) or FILE.npy (paths in FILE.paths.txt)")
@@ -117,7 +112,7 @@ def _add_run_commands(sub):
     se.add_argument("index_dir", help="an index folder written by `dml-book index`")
     se.add_argument("queries", nargs="+", help="query image files and folders")
     se.add_argument("-k", type=_positive, default=5, help="neighbours per query (default: 5)")
-    se.add_argument("--json", action="store_true", help='print a JSON list per query of {"path", "distance"}')
+    se.add_argument("--json", action="store_true", help='print JSON: per query {"query": path, "neighbours": [{"path", "distance"}, ...]}')
     se.add_argument("--gallery-figure", default=None, metavar="FILE", help="save a figure of the queries and their neighbours")
     se.add_argument("--run", default=None, metavar="DIR", help="the run folder, if it moved since indexing (default: the one the index records)")
     se.add_argument("--device", **dev)
@@ -130,18 +125,36 @@ def _positive(s: str) -> int:
 
 LISTS = ("datasets", "losses", "miners", "methods", "presets", "backbones", "transforms")
 
+# %% ../nbs/10_cli.ipynb #778a1521
+def check_inputs(args, # the parsed arguments of evaluate, embed, index or search
+                ):
+    "One-line errors, before any work: missing run folder, index folder or images; an output the command cannot write."
+    def exists(p, what):
+        if not Path(p).exists(): raise FileNotFoundError(f"{what} {p} does not exist")
+    if getattr(args, "run_dir", None) is not None and not Path(args.run_dir).is_dir(): raise FileNotFoundError(f"run folder {args.run_dir} does not exist")
+    if getattr(args, "index_dir", None) is not None and not (Path(args.index_dir)/"index.json").is_file():
+        raise FileNotFoundError(f"{args.index_dir} is not an index folder (expected index.json, index.faiss and manifest.json; see `dml-book index`)")
+    for p in getattr(args, "images", None) or getattr(args, "queries", None) or []: exists(p, "image or folder")
+    if args.command == "embed":   # its suffix, not a link, not a folder, its folder writable (`dml_book.files.check_output`)
+        out = check_output(args.out, (".npz", ".npy"), "choose another --out")
+        if out.suffix.lower() == ".npy": check_output(out.with_suffix(".paths.txt"), (), "choose another --out")
+    fig = getattr(args, "gallery_figure", None)
+    if fig: check_output(fig, FIGURE_SUFFIXES, "choose another --gallery-figure")
+
 # %% ../nbs/10_cli.ipynb #d1f05b9b
-def parser() -> argparse.ArgumentParser:
+def parser(command: str|None = None, # build only this subcommand's `train` flags (None: all); see `main`
+          ) -> argparse.ArgumentParser:
     "The `dml-book` argument parser."
     p = argparse.ArgumentParser(prog="dml-book", description="Deep metric learning: train, evaluate, embed, index and search; run experiments.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train and evaluate one configuration (resumes from OUT/checkpoint.pt)")
-    choices()   # fills the registries
-    presets = "; ".join(f"{m}: {', '.join(METHODS.get(m).presets)}" for m in METHODS.names() if METHODS.get(m).presets)
-    t.add_argument("--preset", default=None, help=f"a named preset of the method (e.g. the paper's settings); {presets}")
-    t.add_argument("--config", default=None, metavar="FILE",
-                   help="a YAML or JSON file of the fields below (and preset); flags given here override it")
-    _add_config_flags(t)
+    if command in (None, "train"):   # the one subcommand whose flags need torch (TrainConfig, the registries)
+        choices()   # fills the registries
+        presets = "; ".join(f"{m}: {', '.join(METHODS.get(m).presets)}" for m in METHODS.names() if METHODS.get(m).presets)
+        t.add_argument("--preset", default=None, help=f"a named preset of the method (e.g. the paper's settings); {presets}")
+        t.add_argument("--config", default=None, metavar="FILE",
+                       help="a YAML or JSON file of the fields below (and preset); flags given here override it")
+        _add_config_flags(t)
     _add_run_commands(sub)
     e = sub.add_parser("experiment", help="run an experiment notebook with papermill; the executed notebook is saved beside its results")
     e.add_argument("name", help="an experiment of nbs/experiments (train_eval, hdml, ...) or a path to a notebook")
@@ -167,17 +180,23 @@ def results_table(untrained: dict, # metric -> value before training
 # %% ../nbs/10_cli.ipynb #a23086bd
 def evaluate_command(args, # the parsed command-line arguments
                     ) -> int:
-    "`dml-book evaluate`: the metrics of a run's checkpoint, as a table or JSON."
-    from dml_book.inference import evaluate_run
+    "`dml-book evaluate`: the metrics of a run's checkpoint, as a table or JSON; a run that stopped early is labelled."
+    check_inputs(args)
+    from dml_book.inference import evaluate_run, run_progress, checkpoint_file
     m = evaluate_run(args.run_dir, args.checkpoint, args.dataset, args.data_root, args.dataset_kwargs, args.device)
-    if args.json: print(json.dumps(m)); return 0
+    p = run_progress(args.run_dir)
+    status = dict(checkpoint=checkpoint_file(args.run_dir, args.checkpoint).name, epochs_trained=p["epoch"],
+                  epochs=p["epochs"], finished=p["finished"])
+    if args.json: print(json.dumps({**m, **status})); return 0
     w = max(map(len, m))
+    if not p["finished"]: print(f"unfinished run: trained {p['epoch']} of {p['epochs']} epochs ({status['checkpoint']})")
     print("\n".join(f"{k:<{w}}  {v:.4f}" for k, v in m.items()))
     return 0
 
 def embed_command(args, # the parsed command-line arguments
                  ) -> int:
     "`dml-book embed`: embeddings of image files to .npz or .npy."
+    check_inputs(args)
     from dml_book.inference import load_run, embed, image_files, save_embeddings, check_embeddings_out
     files = image_files(*args.images)
     check_embeddings_out(args.out, [p.resolve() for p in files])   # before any work
@@ -191,6 +210,7 @@ def embed_command(args, # the parsed command-line arguments
 def index_command(args, # the parsed command-line arguments
                  ) -> int:
     "`dml-book index`: a faiss index of images, saved to a folder."
+    check_inputs(args)
     from dml_book.index import index_images, check_index_out
     check_index_out(args.out, args.run_dir, args.force)   # before any work
     idx = index_images(args.run_dir, args.images, args.checkpoint, args.device, args.batch_size, metric=args.metric,
@@ -201,10 +221,13 @@ def index_command(args, # the parsed command-line arguments
 def search_command(args, # the parsed command-line arguments
                   ) -> int:
     "`dml-book search`: the k nearest gallery images of each query image."
+    check_inputs(args)
     from dml_book.index import Index, search_images, plot_search
-    if args.gallery_figure: check_output(args.gallery_figure, FIGURE_SUFFIXES)   # before any work
-    files, results = search_images(Index.load(args.index_dir), args.queries, args.k, args.device, args.run)
-    if args.json: print(json.dumps(results))
+    index = Index.load(args.index_dir)
+    if args.k > len(index): print(f"dml-book: note: -k {args.k} is more than the {len(index)} images of the index: "
+                                  f"{len(index)} neighbours per query", file=sys.stderr)
+    files, results = search_images(index, args.queries, args.k, args.device, args.run)
+    if args.json: print(json.dumps([{"query": str(f.resolve()), "neighbours": row} for f, row in zip(files, results)]))
     else:
         for f, row in zip(files, results):
             print(f"{f}:\n" + "\n".join(f"  {n}. {r['distance']:.4f}  {r['path']}" for n, r in enumerate(row, 1)))
@@ -220,7 +243,7 @@ def catalogue(what: str, # what to list: datasets, losses, miners, methods, pres
     if what == "presets": return [(f"{m} {p}", "") for m in METHODS.names() for p in METHODS.get(m).presets]
     if what in ("backbones", "transforms"): return [(n, "") for n in names[what[:-1]]]
     reg = {"datasets": DATASETS, "losses": LOSSES, "miners": MINERS, "methods": METHODS}[what]
-    return [(n, first(reg.get(n))) for n in reg.names()]
+    return [(n, first(reg.get(n))) for n in reg.names()] + [(n, f"unusable: {m}") for n, m in reg.duplicates().items()]
 
 def list_command(args, # the parsed command-line arguments
                 ) -> int:
@@ -232,12 +255,21 @@ def list_command(args, # the parsed command-line arguments
     return 0
 
 # %% ../nbs/10_cli.ipynb #d16389f8
-USER_ERRORS = (ConfigError, CheckpointError, TrainingDiverged, ImageReadError, UnknownNameError, FileNotFoundError, PermissionError, PretrainedWeightsUnavailable, ExperimentError, DownloadError)
+_USER_ERRORS = {"dml_book.checkpoint": "CheckpointError", "dml_book.train": "TrainingDiverged", "dml_book.data.core": "ImageReadError",
+                "dml_book.models": "PretrainedWeightsUnavailable", "dml_book.results": "ExperimentError", "dml_book.methods.base": "MethodError",
+                "dml_book.data.download": "DownloadError"}
+
+def user_errors() -> tuple[type[Exception], ...]:
+    "The errors `main` reports in one line: bad names, settings, files, checkpoints, data (of the modules imported so far)."
+    mods = sys.modules
+    return (ConfigError, UnknownNameError, FileNotFoundError, PermissionError,   # FileError is a ConfigError
+            *(getattr(mods[m], name) for m, name in _USER_ERRORS.items() if m in mods))
 
 def read_config_file(path, # a .yaml, .yml or .json file
                     ) -> dict:
     "The `TrainConfig` fields (and `preset`) of a YAML or JSON file; an unknown key is an error that names it."
     import yaml
+    from dml_book.train import TrainConfig
     p = Path(path)
     if not p.is_file(): raise FileNotFoundError(f"configuration file {p} does not exist")
     if p.stat().st_size > 1 << 20: raise ConfigError(f"{p} holds {p.stat().st_size} bytes: a configuration file is at most 1 MiB")
@@ -264,11 +296,12 @@ def dataset_defaults(cfg: TrainConfig, # the configuration so far
 def train_command(args, # the parsed command-line arguments
                  ) -> int:
     "Run `dml-book train` with parsed `args`; print the results table."
+    from dml_book.train import Trainer, preset_config
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config") and not (k == "preset" and v is None)}
     given = {**(read_config_file(args.config) if args.config else {}), **flags}   # the flags win over the file
     if isinstance(given.get("ks"), list): given["ks"] = tuple(given["ks"])
     method, preset = given.pop("method", "baseline"), given.pop("preset", None)
-    cfg = preset_config(method, preset, **{**CLI_DEFAULTS, **given})
+    cfg = preset_config(method, preset, **{**CLI_DEFAULTS, "progress": sys.stdout.isatty(), **given})   # bars on a terminal only
     cfg = dataset_defaults(cfg, given, METHODS.get(method).presets.get(preset, {}) if preset else {})
     from dml_book.train import RUN_FILES
     check_folder(cfg.out, "choose another --out", create=False); refuse_links(cfg.out, RUN_FILES)   # before any work
@@ -280,13 +313,14 @@ def train_command(args, # the parsed command-line arguments
         save_figure(plot_umap(*trainer.last_embedding, title=f"{cfg.dataset} test split, epoch {trainer.epoch}"), trainer.out/"umap.png")
     print(f"\n{cfg.method} / {trainer.method.own_loss or cfg.loss} on {cfg.dataset}, {cfg.epochs} epochs (unseen test classes):")
     print(results_table(trainer.history[0], final))
-    print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt, preprocessing.json" + (", umap.png" if cfg.umap else ""))
+    print(f"\nwritten to {trainer.out}/: metrics.json, log.jsonl, checkpoint.pt, preprocessing.json, data.json" + (", umap.png" if cfg.umap else ""))
     return 0
 
 def experiment_command(args, # the parsed command-line arguments
                       ) -> int:
     "Run `dml-book experiment`: execute the notebook with papermill; a failing cell is reported with the notebook to read."
     from papermill.exceptions import PapermillExecutionError
+    from dml_book.results import run_experiment
     try: executed = run_experiment(args.name, dict(args.parameter), args.parameters_file, args.out_dir, args.kernel, args.progress)
     except PapermillExecutionError as e:
         print(f"dml-book: experiment failed in cell {e.exec_count}: {e.ename}: {e.evalue}", file=sys.stderr)
@@ -305,7 +339,7 @@ MAX_MESSAGE = 2000   # characters of an error line at most: a message quoting a 
 def error_line(e: BaseException, # an error to report
               ) -> str:
     "The one line `dml-book` writes for `e`: its message on one line, an OSError with its file, cut to `MAX_MESSAGE`."
-    if isinstance(e, OSError) and e.strerror and not isinstance(e, USER_ERRORS):   # a general OSError: the file and why
+    if isinstance(e, OSError) and e.strerror and not isinstance(e, user_errors()):   # a general OSError: the file and why
         msg = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
         msg += "; check the path, its permissions and the free space, or choose another output"
     else: msg = one_line(str(e))
@@ -331,18 +365,18 @@ def _quiet_stdout():
 def main(argv: list[str] | None = None, # the arguments after `dml-book`; None: `sys.argv[1:]`
         ) -> int:
     "Entry point of the `dml-book` command: 0, 2 for an error (one line), 130 for Ctrl-C, 141 for a closed pipe."
-    argv = sys.argv[1:] if argv is None else argv
-    try: return _run(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    try: return _run(argv, command)
     except KeyboardInterrupt:   # one write, as for errors
-        hint = INTERRUPTED.get(next((a for a in argv if not a.startswith("-")), ""), "files written so far are whole")
+        hint = INTERRUPTED.get(command or "", "files written so far are whole")
         sys.stderr.write(f"dml-book: interrupted; {hint}\n"); return 130
     except BrokenPipeError: _quiet_stdout(); return 141   # the reader of stdout went away (head, less): not worth a word
 
-def _run(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+def _run(argv: list[str], command: str | None) -> int:
+    args = parser(command or "").parse_args(argv)   # `--help`, a usage error, a light command: no torch imported
     commands = {"train": train_command, "experiment": experiment_command, "evaluate": evaluate_command,
                 "embed": embed_command, "index": index_command, "search": search_command, "list": list_command}
-    from dml_book.distributed import end_distributed
     clean = False
     try:
         rc = commands[args.command](args); clean = True
@@ -350,10 +384,11 @@ def _run(argv: list[str]) -> int:
     except BrokenPipeError:
         if _stdout_closed(): raise   # the reader of our output went away: main ends quietly
         sys.stderr.write(error_line(BrokenPipeError("a connection closed (broken pipe)")) + "\n"); return 2
-    except (*USER_ERRORS, OSError) as e:   # OSError: a read-only folder, a full disk, a folder where a file should be ...
+    except (*user_errors(), OSError) as e:   # OSError: a read-only folder, a full disk, a folder where a file should be ...
         sys.stderr.write(error_line(e) + "\n")   # one write: the ranks of a torchrun job do not interleave
         return 2
-    finally: end_distributed(clean)   # under torchrun: every rank leaves the group before it exits
+    finally:
+        if "dml_book.distributed" in sys.modules: sys.modules["dml_book.distributed"].end_distributed(clean)   # torchrun: leave the group
 
 # %% ../nbs/10_cli.ipynb #ceb89ddc
 if __name__ == "__main__" and not in_notebook(): sys.exit(main())

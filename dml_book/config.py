@@ -7,7 +7,7 @@ Docs: https://dml-book.github.io/dml_book/config.html.md"""
 # %% ../nbs/08d_config.ipynb #db78615c
 from __future__ import annotations
 import inspect, math, sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Literal, get_args, get_origin
 import torch
 from .registry import check_choice, quote
@@ -17,7 +17,8 @@ from .data.core import Decoder, EvalProtocol
 # %% auto #0
 __all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'FIELD_CHECKS', 'MAX_VALUES', 'MAX_DEPTH', 'positive_int',
            'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict', 'recall_ks', 'words',
-           'one_of', 'bounded', 'check_fields', 'check_device', 'annotation_check', 'check_kwargs', 'check_config']
+           'one_of', 'bounded', 'check_fields', 'check_device', 'annotation_check', 'check_kwargs', 'check_own_loss',
+           'trial_loss', 'loss_tuples', 'tuple_losses', 'check_config']
 
 # %% ../nbs/08d_config.ipynb #7ae02c2d
 from .registry import ConfigError   # one class for every configuration error (the data layer raises it too)
@@ -51,9 +52,9 @@ def recall_ks(v, # the value to check
 
 # %% ../nbs/08d_config.ipynb #5a1c0e22
 OptimizerName = Literal["auto", "adam", "sgd"]   # auto: the method's own choice (`Method.optimizer_name`), else adam
-LRSchedule = Literal["constant", "step", "multistep", "exponential"]   # a `torch.optim.lr_scheduler` (constant: none)
+LRSchedule = Literal["constant", "step", "multistep", "exponential", "cosine", "half_exp"]   # a `torch.optim.lr_scheduler` (constant: none)
 LRStepPer = Literal["epoch", "iteration"]   # what one step of the schedule is
-Precision = Literal["fp32", "bf16", "fp16"]   # the number format of the forward pass (`torch.autocast`)
+Precision = Literal["fp32", "bf16", "fp16", "auto"]   # the number format of the forward pass (`torch.autocast`); auto: bf16 where the device has the units, else fp32
 
 def words(alias, # a `Literal` alias
          ) -> str:
@@ -99,6 +100,8 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "lr_milestones": (lambda v: isinstance(v, (tuple, list)) and all(positive_int(x) for x in v), "positive integers (scheduler steps)"),
     "lr_gamma": (lambda v: _num(v) and math.isfinite(v) and v > 0, "a finite, positive factor"),
     "lr_step_per": one_of(LRStepPer),
+    "lr_warmup_epochs": (non_negative_int, "a non-negative integer (epochs)"),
+    "lr_final_fraction": (lambda v: _num(v) and 0 <= v <= 1, "a fraction in [0, 1]"),
     "max_steps_per_epoch": (optional(positive_int), "a positive integer or None"),
     "eval_every": (positive_int, "a positive integer"),
     "val_fraction": (lambda v: _num(v) and 0 <= v < 1, "a fraction in [0, 1)"),
@@ -199,8 +202,8 @@ def check_kwargs(kind: str,   # what it is: loss, miner, method
                  cls,         # the class the registry returned
                  kwargs: dict, # the configured constructor arguments
                  filled: dict = None, # arguments the trainer supplies itself (placeholders)
-                ) -> None:
-    "Bind `kwargs` to `cls`'s signature, check each against its annotation, build it once; a bad key or value is a `ConfigError` naming both."
+                ):
+    "Bind `kwargs` to `cls`'s signature, check each against its annotation, build it once (returned); a bad key or value is a `ConfigError` naming both."
     sig = inspect.signature(cls)
     takes_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     unknown = [] if takes_any else sorted(set(kwargs) - set(sig.parameters))
@@ -211,16 +214,49 @@ def check_kwargs(kind: str,   # what it is: loss, miner, method
         check = annotation_check(sig.parameters[k].annotation, namespace) if k in sig.parameters else None
         if check and not check[0](v): raise ConfigError(f"{kind}_kwargs {k}={quote(v)}: {kind} {name!r} expects {check[1]}")
     kw = {**{k: v for k, v in (filled or {}).items() if k in sig.parameters and k not in kwargs}, **kwargs}
-    try: cls(**kw)
+    try: return cls(**kw)
     except (TypeError, ValueError, AssertionError) as e:
         raise ConfigError(f"{kind} {name!r} rejects {kind}_kwargs {quote(kwargs)}: {quote(str(e))[1:-1]}") from None
 
+# %% ../nbs/08d_config.ipynb #8edee6b6
+def check_own_loss(cfg, # the `TrainConfig` to check
+                   method, # the method (or its class): its `own_loss` names the objective it trains with
+                  ) -> None:
+    "Refuse a loss, loss arguments or a miner that `method`'s own objective would leave unused."
+    default = type(cfg)()
+    given = [f"{k}={quote(getattr(cfg, k))}" for k in ("loss", "loss_kwargs", "miner", "miner_kwargs") if getattr(cfg, k) != getattr(default, k)]
+    if given: raise ConfigError(f"method {cfg.method!r} trains with its own {method.own_loss}; "
+                                f"{', '.join(given)} would be ignored: leave them unset")
+
+# %% ../nbs/08d_config.ipynb #e06ac21b
+def trial_loss(cfg, # the `TrainConfig`
+              ):
+    "The configured loss built as the trainer builds it (normalize=False, 2 placeholder classes), its arguments checked."
+    from dml_book.registry import LOSSES
+    import dml_book.losses  # noqa: F401  (fill the registry)
+    filled = dict(num_classes=2, embedding_size=cfg.embedding_dim, normalize=False)
+    return check_kwargs("loss", cfg.loss, LOSSES.get(cfg.loss), cfg.loss_kwargs, filled)
+
+def loss_tuples(cfg, # the `TrainConfig`
+               ) -> int:
+    "The length of the configured loss's indices tuple: 3 triplets, 4 pairs, 2 positive pairs, 1 single items or proxies."
+    z = torch.nn.functional.normalize(torch.randn(4, cfg.embedding_dim, generator=torch.Generator().manual_seed(0)), dim=1)
+    return len(trial_loss(cfg).compute(z, torch.tensor([0, 0, 1, 1]), None).indices_tuple)
+
+def tuple_losses(cfg, # the `TrainConfig` (its embedding size)
+                 kinds=(3, 4), # the tuple lengths wanted (see `loss_tuples`)
+                ) -> list[str]:
+    "The registered losses, with their default arguments, whose tuples are of `kinds`."
+    from dml_book.registry import LOSSES
+    return [n for n in LOSSES.names() if loss_tuples(replace(cfg, loss=n, loss_kwargs={})) in kinds]
+
 # %% ../nbs/08d_config.ipynb #17acf264
 def check_config(cfg, # the `TrainConfig` to check
+                 method=None, # the `Method` object the trainer was given; None: `cfg.method` built from `cfg.method_kwargs`
                 ) -> None:
-    "The validation boundary of a run: fields, device, registered names and every `*_kwargs`, before any data is loaded."
-    from dml_book.registry import DATASETS, LOSSES, MINERS, METHODS
-    import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
+    "The validation boundary of a run: fields, device, names, every `*_kwargs`, then the method's `check`, before any data is loaded."
+    from dml_book.registry import DATASETS, MINERS, METHODS
+    import dml_book.data, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
     from dml_book.models import BACKBONES
     check_fields(cfg); check_device(cfg.device)
     check_choice("backbone", cfg.backbone, ("smallcnn", *BACKBONES), ConfigError)
@@ -231,9 +267,11 @@ def check_config(cfg, # the `TrainConfig` to check
     if cfg.data_root is None and root is not None and root.default is inspect.Parameter.empty:
         raise ConfigError(f"dataset {cfg.dataset!r} needs --data-root, the folder that holds it (none was given, so nothing was looked at); "
                           f"to fetch it there: --data-root DIR --dataset-kwargs '{{\"download\": true}}'")
-    method_cls = METHODS.get(cfg.method); check_kwargs("method", cfg.method, method_cls, cfg.method_kwargs)
-    if not getattr(method_cls, "own_loss", None):
-        check_kwargs("loss", cfg.loss, LOSSES.get(cfg.loss), cfg.loss_kwargs,   # built as the trainer builds it: the head normalises
-                     dict(num_classes=2, embedding_size=cfg.embedding_dim, normalize=False))
+    built = check_kwargs("method", cfg.method, METHODS.get(cfg.method), cfg.method_kwargs)
+    method, name = (built, cfg.method) if method is None else (method, type(method).__name__)
+    if getattr(method, "own_loss", None): check_own_loss(cfg, method)
+    else: trial_loss(cfg)
     if cfg.miner: check_kwargs("miner", cfg.miner, MINERS.get(cfg.miner), cfg.miner_kwargs, dict(normalize=False))
     elif cfg.miner_kwargs: raise ConfigError(f"miner_kwargs {cfg.miner_kwargs} given without a miner")
+    try: method.check(cfg)
+    except ValueError as e: raise ConfigError(f"method {name!r}: {e}") from None   # one line that names the method

@@ -66,9 +66,11 @@ def _desc(t): return f"{t.dtype} tensor of shape {tuple(t.shape)}" if torch.is_t
 
 # %% ../nbs/03_distances.ipynb #d954050a
 def pair_masks(labels: Tensor, # (B,) integer class labels
+               ref_labels: Tensor|None = None, # (R,) labels of a reference set; `labels` itself when None
               ) -> tuple[Tensor, Tensor]:
-    "Boolean (B, B) masks of positive pairs (same label, not the diagonal) and negative pairs."
-    same = labels[:, None] == labels[None]
+    "Boolean (B, R) masks of positive pairs (same label; not the diagonal when there is no reference set) and negative pairs."
+    same = labels[:, None] == (labels if ref_labels is None else ref_labels)[None]
+    if ref_labels is not None: return same, ~same   # two sets: row i and column i are different items
     return same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device), ~same
 
 def all_pairs(labels: Tensor, # (B,) integer class labels

@@ -159,7 +159,7 @@ def check_output(path, # an output file
     return path
 
 # %% ../nbs/08e_files.ipynb #d4e2bce9
-FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")   # what `save_figure` writes
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")   # what `save_figure` writes (matplotlib's formats)
 
 def save_figure(fig, # a matplotlib figure
                 path, # the file, its suffix one of `FIGURE_SUFFIXES`

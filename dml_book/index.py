@@ -11,19 +11,17 @@ from pathlib import Path
 from typing import Literal, get_args
 import numpy as np
 from .inference import load_run, embed, image_files, open_image, CheckpointName, checkpoint_file
-from .registry import check_choice, quote
+from .registry import check_choice, quote, IndexKind, IndexMetric
 from .checkpoint import checkpoint_digest
 from .files import (FileError, MANIFEST, write_folder, read_folder, read_bytes, check_schema, check_folder,
                             bounded_memory)
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['IndexKind', 'IndexMetric', 'KINDS', 'METRICS', 'INDEX_FILES', 'MAX_DIM', 'INDEX_SCHEMA', 'Index', 'check_index_out',
-           'index_images', 'check_index_model', 'search_images', 'plot_search']
+__all__ = ['KINDS', 'METRICS', 'INDEX_FILES', 'MAX_DIM', 'INDEX_SCHEMA', 'Index', 'check_index_out', 'index_images',
+           'check_index_model', 'search_images', 'plot_search']
 
 # %% ../nbs/12a_nn_index.ipynb #41e70925
-IndexKind = Literal["flat", "ivf", "hnsw"]   # exact, or approximate (for large galleries): inverted file, or HNSW graph
-IndexMetric = Literal["l2", "ip"]   # Euclidean distance, or inner product
 KINDS, METRICS = get_args(IndexKind), get_args(IndexMetric)
 
 def _faiss_index(dim: int, metric: IndexMetric, kind: IndexKind, nlist: int, hnsw_m: int):

@@ -13,16 +13,17 @@ from typing import Literal, get_args
 import numpy as np, torch
 from torch import nn
 from PIL import Image
-from .registry import DATASETS, check_choice, quote
-from .data.core import build_split, preprocessing_spec, check_evaluation
+from .registry import DATASETS, check_choice, quote, CheckpointName
+from .data.core import build_split, preprocessing_spec, check_evaluation, RUN_RECORD, dataset_protocol
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
 from .files import FileError, read_json, check_output, check_folder, write_bytes, write_text
 
+
 # %% auto #0
-__all__ = ['CheckpointName', 'METRICS_SCHEMA', 'MAX_SIDE', 'INTERPOLATIONS', 'PREPROCESSING_SCHEMA', 'IMAGE_SUFFIXES',
-           'EMBEDDING_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel',
-           'read_preprocessing', 'load_run', 'image_files', 'embed', 'evaluate_run', 'check_embeddings_out',
-           'save_embeddings']
+__all__ = ['METRICS_SCHEMA', 'MAX_SIDE', 'INTERPOLATIONS', 'PREPROCESSING_SCHEMA', 'IMAGE_SUFFIXES', 'EMBEDDING_SUFFIXES',
+           'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel', 'serving_config',
+           'read_preprocessing', 'load_run', 'image_files', 'embed', 'evaluate_run', 'run_progress',
+           'check_embeddings_out', 'save_embeddings']
 
 # %% ../nbs/12_inference.ipynb #7a11afbb
 def open_image(path, # an image file
@@ -63,8 +64,6 @@ def _read_checkpoint(path: Path, map_location="cpu") -> dict:
     "A checkpoint's contents, checksum verified and read with `weights_only=True` (no code runs): the trainer's one loader."
     from dml_book.checkpoint import read_checkpoint
     return read_checkpoint(path, map_location)
-
-CheckpointName = Literal["best", "last"]   # best.pt (the epoch a validation split chose; else the last), or checkpoint.pt
 
 def checkpoint_file(run_dir, # a training run's output folder
                     checkpoint: CheckpointName = "best", # which of the run's checkpoints
@@ -116,6 +115,17 @@ class RunModel(nn.Module):
     @property
     def device(self) -> torch.device: return self.trainer.device
 
+# %% ../nbs/12_inference.ipynb #33191f9f
+def serving_config(cfg: TrainConfig, # the run's configuration
+                   run_dir, # its folder
+                   device: str = "auto", # where to serve it
+                  ) -> TrainConfig:
+    "The configuration that rebuilds the run's network for serving: its data read from the run's record, no weights fetched."
+    run = Path(run_dir)
+    cfg = replace(cfg, device=device, progress=False, umap=False, out=str(run), pretrained=False, weights_path=None, compile=False)
+    if not (run/RUN_RECORD).is_file(): return cfg   # an older run: rebuilt from its data
+    return replace(cfg, dataset="_run", data_root=str(run.resolve()), dataset_kwargs={}, transform=None, decoder="pil", num_workers=0)
+
 # %% ../nbs/12_inference.ipynb #9294c95c
 MAX_SIDE = 8192   # pixels: the largest resize or crop side a preprocessing.json may ask for
 INTERPOLATIONS = ("nearest", "nearest-exact", "bilinear", "bicubic", "box", "hamming", "lanczos")   # torchvision's modes
@@ -136,10 +146,11 @@ PREPROCESSING_SCHEMA = {
 def read_preprocessing(run_dir, # a training run's output folder
                        cfg: TrainConfig, # its configuration (`run_config`)
                       ) -> dict:
-    "The run's `preprocessing.json` through `PREPROCESSING_SCHEMA`, refused where it disagrees with `cfg` (derived again if absent)."
+    "The run's `preprocessing.json` through `PREPROCESSING_SCHEMA`, refused where it disagrees with `cfg` (absent: derived again)."
     run = Path(run_dir); f = run/"preprocessing.json"
     fix = f"rerun `dml-book train --out {run}` with its configuration to rewrite it, or delete it"
-    configured = preprocessing_spec(cfg) if DATASETS.get(cfg.dataset).default_transform(False) is not None else None
+    cls = DATASETS.get(cfg.dataset) if cfg.dataset in DATASETS else None   # a user's own class need not be registered to serve
+    configured = preprocessing_spec(cfg) if cls is not None and cls.default_transform(False) is not None else None
     if not f.exists() and not f.is_symlink(): return configured if configured is not None else preprocessing_spec(cfg)
     spec = read_json(f, PREPROCESSING_SCHEMA, fix, max_bytes=64 << 10)
     channels = 3 if spec["mode"] == "RGB" else 1
@@ -158,7 +169,7 @@ def load_run(run_dir, # a training run's output folder
     "The run's network (evaluation mode, on `device`), its evaluation preprocessing and its configuration."
     run, cfg = Path(run_dir), run_config(run_dir)
     path = checkpoint_file(run, checkpoint)
-    trainer = Trainer(replace(cfg, device=device, progress=False, umap=False, out=str(run)))
+    trainer = Trainer(serving_config(cfg, run, device))
     state = _read_checkpoint(path, map_location=trainer.device)
     trainer.model.load_state_dict(state["model"]); trainer.method.load_state_dict(state["method"])
     return RunModel(trainer), Preprocess(read_preprocessing(run, cfg)), cfg
@@ -211,14 +222,22 @@ def evaluate_run(run_dir, # a training run's output folder
     "Test metrics of a run's checkpoint, on its own test split or on another dataset's; keys as in `metrics.json`."
     model, _, cfg = load_run(run_dir, checkpoint, device)
     tr = model.trainer
-    if dataset is not None or data_root is not None or dataset_kwargs is not None:
-        other = replace(cfg, dataset=dataset or cfg.dataset, data_root=data_root if data_root is not None else cfg.data_root,
-                        dataset_kwargs=dataset_kwargs if dataset_kwargs is not None else ({} if dataset else cfg.dataset_kwargs))
-        tr.protocol = DATASETS.get(other.dataset).protocol
-        if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (build_split(other, s, False) for s in ("query", "gallery"))
-        else: tr.test_ds = build_split(other, "test", False)
-        check_evaluation(None, {"query": tr.query_ds, "gallery": tr.gallery_ds} if tr.protocol == "reid" else {"test": tr.test_ds})
+    other = replace(cfg, dataset=dataset or cfg.dataset, data_root=data_root if data_root is not None else cfg.data_root,
+                    dataset_kwargs=dataset_kwargs if dataset_kwargs is not None else ({} if dataset else cfg.dataset_kwargs),
+                    device=device, progress=False)
+    tr.cfg, tr.protocol = other, dataset_protocol(other)   # the evaluation's data and loader settings
+    if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (build_split(other, s, False) for s in ("query", "gallery"))
+    else: tr.test_ds = build_split(other, "test", False)
+    check_evaluation(None, {"query": tr.query_ds, "gallery": tr.gallery_ds} if tr.protocol == "reid" else {"test": tr.test_ds})
     return tr.evaluate()
+
+# %% ../nbs/12_inference.ipynb #b437bbef
+def run_progress(run_dir, # a training run's output folder
+                ) -> dict:
+    "The epoch the run's last checkpoint holds, the epochs it was configured for, and whether training finished."
+    state = _read_checkpoint(checkpoint_file(run_dir, "last"))
+    epoch, epochs = int(state["epoch"]), int(state["config"]["epochs"])
+    return dict(epoch=epoch, epochs=epochs, finished=epoch >= epochs)
 
 # %% ../nbs/12_inference.ipynb #e6736774
 EMBEDDING_SUFFIXES = (".npz", ".npy")   # what `save_embeddings` writes

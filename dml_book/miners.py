@@ -26,16 +26,21 @@ class Miner:
 
     def __call__(self, embeddings: Tensor, # (B, D) embeddings
                  labels: Tensor, # (B,) integer labels
-                ) -> tuple[Tensor, Tensor, Tensor]: # anchors, positives, negatives (1-d LongTensors)
-        check_batch(embeddings, labels)
-        from dml_book.losses.base import check_finite
-        check_finite(embeddings)   # a NaN row would be mined like any other
-        x = F.normalize(embeddings.detach(), dim=1) if self.normalize else embeddings.detach()  # the one place miners normalise
-        with torch.no_grad(): return self.mine(x, labels)
+                 ref_emb: Tensor|None = None, # (R, D) a reference set: positives and negatives come from it (PML's `ref_emb`)
+                 ref_labels: Tensor|None = None, # (R,) its labels
+                ) -> tuple[Tensor, Tensor, Tensor]: # anchors (rows of `embeddings`), positives, negatives (of `ref_emb` when given)
+        from dml_book.losses.base import check_finite, check_reference
+        check_batch(embeddings, labels); check_finite(embeddings)   # a NaN row would be mined like any other
+        prep = lambda e: F.normalize(e.detach(), dim=1) if self.normalize else e.detach()  # the one place miners normalise
+        with torch.no_grad():
+            if check_reference(embeddings, ref_emb, ref_labels) is None: return self.mine(prep(embeddings), labels)
+            return self.mine(prep(embeddings), labels, prep(ref_emb), ref_labels)
 
     def mine(self,
              embeddings: Tensor, # (B, D) embeddings
              labels: Tensor, # (B,) integer class labels
+             ref: Tensor|None = None, # (R, D) the reference set; `embeddings` itself when None
+             ref_labels: Tensor|None = None, # (R,) its labels
             ) -> tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
 
@@ -59,9 +64,9 @@ class SemiHardMiner(Miner):
         super().__init__(normalize)
         self.margin, self.closest_negative, self.squared = margin, closest_negative, squared
 
-    def mine(self, embeddings, labels):
-        d = (squared_euclidean if self.squared else euclidean)(embeddings)
-        pos, neg = pair_masks(labels)
+    def mine(self, embeddings, labels, ref=None, ref_labels=None):
+        d = (squared_euclidean if self.squared else euclidean)(embeddings, ref)
+        pos, neg = pair_masks(labels, ref_labels)
         a, p = torch.where(pos)
         band = neg[a] & semihard_band(d[a], d[a, p][:, None], self.margin)  # one row per positive pair, one column per n
         if not self.closest_negative:
@@ -75,9 +80,9 @@ class SemiHardMiner(Miner):
 @MINERS.register("batchhard")
 class BatchHardMiner(Miner):
     "For each anchor, its hardest positive and hardest negative (Hermans et al. 2017, eq. 5)."
-    def mine(self, embeddings, labels):
-        d = euclidean(embeddings)
-        pos, neg = pair_masks(labels)
+    def mine(self, embeddings, labels, ref=None, ref_labels=None):
+        d = euclidean(embeddings, ref)
+        pos, neg = pair_masks(labels, ref_labels)
         dp, p = d.masked_fill(~pos, -math.inf).max(1)
         dn, n = d.masked_fill(~neg, math.inf).min(1)
         a = torch.where(torch.isfinite(dp) & torch.isfinite(dn))[0]
@@ -107,18 +112,20 @@ class DistanceWeightedMiner(Miner):
     def probabilities(self,
                       embeddings: Tensor, # (B, D) embeddings
                       labels: Tensor, # (B,) integer class labels
+                      ref: Tensor|None = None, # (R, D) the reference set the negatives come from; `embeddings` when None
+                      ref_labels: Tensor|None = None, # (R,) its labels
                      ) -> Tensor:
-        "(B, B) matrix: row a is the distribution of the negative drawn for anchor a (zeros if none is allowed)."
-        d = euclidean(F.normalize(embeddings, dim=1))
+        "(B, R) matrix: row a is the distribution of the negative drawn for anchor a (zeros if none is allowed)."
+        d = euclidean(F.normalize(embeddings, dim=1), None if ref is None else F.normalize(ref, dim=1))
         logw = distance_log_weights(d, embeddings.shape[1], self.cutoff, self.nonzero_loss_cutoff)
-        logw = logw.masked_fill(~pair_masks(labels)[1], -math.inf)   # negatives only
+        logw = logw.masked_fill(~pair_masks(labels, ref_labels)[1], -math.inf)   # negatives only
         return torch.softmax(logw, 1).nan_to_num(0.)  # softmax = weights / their row sum, stably
 
 # %% ../nbs/05_miners.ipynb #3d345c94
 @patch
-def mine(self: DistanceWeightedMiner, embeddings, labels):
-    probs = self.probabilities(embeddings, labels)
-    a, p = torch.where(pair_masks(labels)[0])
+def mine(self: DistanceWeightedMiner, embeddings, labels, ref=None, ref_labels=None):
+    probs = self.probabilities(embeddings, labels, ref, ref_labels)
+    a, p = torch.where(pair_masks(labels, ref_labels)[0])
     keep = probs[a].sum(1) > 0
     a, p = a[keep], p[keep]
     if len(a) == 0: return a, p, a.clone()
@@ -128,8 +135,8 @@ def mine(self: DistanceWeightedMiner, embeddings, labels):
 @MINERS.register("random")
 class RandomTripletMiner(Miner):
     "One triplet per anchor: a positive and a negative of the batch, each drawn uniformly at random."
-    def mine(self, embeddings, labels):
-        pos, neg = pair_masks(labels)
+    def mine(self, embeddings, labels, ref=None, ref_labels=None):
+        pos, neg = pair_masks(labels, ref_labels)
         a = torch.where(pos.any(1) & neg.any(1))[0]
         if len(a) == 0: return a, a.clone(), a.clone()
         return a, torch.multinomial(pos[a].float(), 1)[:, 0], torch.multinomial(neg[a].float(), 1)[:, 0]

@@ -7,12 +7,12 @@ Docs: https://dml-book.github.io/dml_book/registry.html.md"""
 # %% ../nbs/00_registry.ipynb #219d184b
 from __future__ import annotations
 from enum import Enum
-from typing import Callable
+from typing import Callable, Literal
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['QUOTE_LIMIT', 'DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'ConfigError', 'quote', 'UnknownNameError', 'Registry',
-           'check_choice']
+__all__ = ['QUOTE_LIMIT', 'DATASETS', 'LOSSES', 'MINERS', 'METHODS', 'CheckpointName', 'IndexKind', 'IndexMetric', 'ConfigError',
+           'quote', 'UnknownNameError', 'DuplicateNameError', 'Registry', 'check_choice']
 
 # %% ../nbs/00_registry.ipynb #1a2e7782
 class ConfigError(ValueError):
@@ -39,10 +39,14 @@ def quote(value, # any value, however large, deep or self-referencing
 class UnknownNameError(ValueError):
     "A name that is not in a registry."
 
+class DuplicateNameError(UnknownNameError):
+    "A name that two different objects were registered under: neither is looked up by it."
+
 class Registry:
     "Map short names to classes or factories, with errors that list the choices."
     def __init__(self, kind: str): # what the registry holds, e.g. "loss"
         self.kind, self._items, self._chapter = kind, {}, {}   # the package's objects; a running notebook's own
+        self._twice = {}   # name -> the message `get` raises for a name registered by two different objects
 
     def register(self,
                  name: str, # the short name the command line uses
@@ -51,10 +55,14 @@ class Registry:
         def deco(obj):
             old = self._items.get(name) or self._chapter.get(name) or obj
             if getattr(old, "__qualname__", None) != getattr(obj, "__qualname__", None):
-                raise ValueError(f"{self.kind} {name!r} is registered twice ({old!r} and {obj!r})")
+                self._twice[name] = (f"{self.kind} {name!r} is registered twice, by {_where(old)} and {_where(obj)}: "
+                                     f"give one of them another name in its register(...) decorator")
+                return obj
             (self._chapter if getattr(obj, "__module__", None) == "__main__" else self._items)[name] = obj
             return obj
         return deco
+
+def _where(obj) -> str: return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
 
 def _bound_in_running_notebook(obj) -> bool:
     "Whether the interactive namespace now running (a notebook's, or `__main__`'s) binds `obj` under its own name."
@@ -85,16 +93,21 @@ def check_choice(kind: str, # what is chosen, e.g. "backbone": the message reads
 def get(self: Registry,
         name: str, # a registered name
        ):
-    "The object filed under `name`; an `UnknownNameError` naming the choices otherwise."
+    "The object filed under `name`; an `UnknownNameError` naming the choices otherwise (a `DuplicateNameError` for a name registered twice)."
+    if name in self._twice: raise DuplicateNameError(self._twice[name])
     mine = self._chapter.get(name)
     if mine is not None and (name not in self._items or _bound_in_running_notebook(mine)): return mine
     if name not in self._items: check_choice(self.kind, name, self.names())
     return self._items[name]
 
 @patch
-def names(self: Registry) -> list[str]: "Registered names, sorted."; return sorted({*self._items, *self._chapter})
+def names(self: Registry) -> list[str]:
+    "Names users can choose, sorted: not one registered twice, not the package's own (`_`-prefixed, found by `get` only)."
+    return sorted(n for n in {*self._items, *self._chapter} - {*self._twice} if not n.startswith("_"))
 @patch
-def __contains__(self: Registry, name: str) -> bool: return name in self._items or name in self._chapter
+def duplicates(self: Registry) -> dict[str, str]: "{name registered twice: the message `get` raises for it}."; return dict(self._twice)
+@patch
+def __contains__(self: Registry, name: str) -> bool: return (name in self._items or name in self._chapter) and name not in self._twice
 @patch
 def __repr__(self: Registry) -> str: return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
@@ -103,3 +116,8 @@ DATASETS = Registry("dataset")
 LOSSES = Registry("loss")
 MINERS = Registry("miner")
 METHODS = Registry("method")
+
+# %% ../nbs/00_registry.ipynb #db40fdbc
+CheckpointName = Literal["best", "last"]   # best.pt (the epoch a validation split chose; else the last), or checkpoint.pt
+IndexKind = Literal["flat", "ivf", "hnsw"]   # exact, or approximate (for large galleries): inverted file, or HNSW graph
+IndexMetric = Literal["l2", "ip"]   # Euclidean distance, or inner product

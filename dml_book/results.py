@@ -275,10 +275,11 @@ def notebook_parameters(path, # an experiment notebook
     cells = [c for c in nbformat.read(str(path), as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
     if len(cells) != 1: raise ExperimentError(f"{path} has {len(cells)} cells tagged 'parameters' (it needs exactly one)")
     lines, out = cells[0].source.splitlines(), {}
-    for node in ast.parse(cells[0].source).body:   # papermill's own inspection cannot read `int | None`
+    for node in ast.parse(cells[0].source).body:   # the defaults as values (papermill's inspection gives their source text)
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            comment = lines[node.lineno - 1].partition("#")[2].strip()
-            out[node.target.id] = dict(inferred_type_name=ast.unparse(node.annotation),
+            comment, kind = lines[node.lineno - 1].partition("#")[2].strip(), ast.unparse(node.annotation)
+            if kind.startswith("Optional[") and kind.endswith("]"): kind = f"{kind[9:-1]} | None"
+            out[node.target.id] = dict(inferred_type_name=kind,
                                        default=ast.literal_eval(node.value) if node.value else None, help=comment)
     return out
 

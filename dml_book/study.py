@@ -10,77 +10,43 @@ import math
 from dataclasses import replace
 from pathlib import Path
 import numpy as np, pandas as pd
-from .results import runs_frame, reported, load_histories, run_grid
+from .results import runs_frame, load_histories
 
 # %% auto #0
-__all__ = ['STUDY_SETTINGS', 'STUDY_SEEDS', 'STUDY_LIMITS', 'REFERENCE_SEED', 'study_config', 'drop_checkpoints', 'run_study',
-           'study_variants', 'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict',
-           'study_report', 'read_log', 'reference_run']
+__all__ = ['PRIMARY', 'SECONDARY', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS', 'LEGACY_NOTE',
+           'REFERENCE_SEED', 'seeds_needed', 'study_frame', 'paired_difference', 'study_table', 'plot_study_curves',
+           'verdict', 'study_facts', 'study_report', 'arms_table', 'incomplete', 'show_study', 'read_log',
+           'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
-STUDY_SETTINGS = dict(dataset="glyphs_xl", dataset_kwargs={"strength": 0.5}, backbone="smallcnn", embedding_dim=64, epochs=20,
-                      max_steps_per_epoch=150, batch_size=64, m_per_class=2, val_fraction=0.2, umap=False,
-                      progress=False)  # calibrated: results/calibration/c2.json
-STUDY_SEEDS = (0, 1, 2, 3, 4)
-
-def study_config(cfg, # the `TrainConfig` to start from
-                 **overrides,
-                ):
-    "`cfg` (a `TrainConfig`) with the study's dataset, budget and model selection, then `overrides`."
-    return replace(cfg, **{**STUDY_SETTINGS, **overrides})
+PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
+SECONDARY = dict(metric="R@1", stage="selected")  # test Recall@1 at the epoch the validation split selects
 
 # %% ../nbs/11a_study.ipynb #2339cd63
-def drop_checkpoints(root, # the study's output folder
-                    ) -> list[Path]:
-    "Delete every `*.pt` file under `root`; the deleted paths."
-    gone = sorted(Path(root).rglob("*.pt"))
-    for p in gone: p.unlink()
-    return gone
+MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS = 5, 20, 3   # the power rule: at least 5 paired seeds, at most 20; ablations: 3
+TARGET_HALF_WIDTH = 1.0                            # points of the primary metric: the 95% interval's half-width aimed at
 
-def run_study(variants: dict, # variant name -> `TrainConfig` (the study's settings applied by the caller)
-              seeds=STUDY_SEEDS, # one run per seed, paired across variants
-              out_dir="results/baseline"): # `<variant>/seed<k>/metrics.json` go here
-    "Train every variant with every seed into `out_dir` from scratch, drop the checkpoints, record the CPU time; the study frame."
-    import json, resource, shutil, time
-    for name in variants: shutil.rmtree(Path(out_dir)/name, ignore_errors=True)
-    cpu = lambda: sum(getattr(resource.getrusage(w), f) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-                      for f in ("ru_utime", "ru_stime"))
-    c0, t0 = cpu(), time.time()
-    run_grid(variants, seeds, out_dir)
-    drop_checkpoints(out_dir)
-    (Path(out_dir)/"study_time.json").write_text(json.dumps(dict(cpu_seconds=round(cpu() - c0, 1),
-                                                                   wall_seconds=round(time.time() - t0, 1), seeds=list(seeds))))
-    return study_frame(out_dir)
-
-# %% ../nbs/11a_study.ipynb #51e536bf
-def study_variants(method: str, # a method with a study: ala, hdml, dcml, pads or dmml
-                  ) -> dict:
-    "The study's variants of `method` (name -> `TrainConfig` with `STUDY_SETTINGS`): the baseline first."
-    from dml_book.train import TrainConfig
-    from dml_book.registry import check_choice
-    T = lambda **kw: study_config(TrainConfig(**{"loss_kwargs": {}, "method_kwargs": {}, **kw}))
-    studies = {
-        "hdml": lambda: {"baseline": T(method="hdml", loss="triplet", method_kwargs={"synthesize": False}),
-                         "hdml": T(method="hdml", loss="triplet")},
-        "pads": lambda: {"baseline": T(method="pads", loss="margin", method_kwargs={"adapt": False}),
-                         "pads": T(method="pads", loss="margin")},
-        "ala": lambda: {"baseline": T(method="ala", loss="triplet", method_kwargs={"assess": False}),
-                        "ala": T(method="ala", loss="triplet")},
-        "dcml": lambda: {"baseline": T(method="baseline", loss="triplet"), "dcml": T(method="dcml", loss="triplet")},
-        "dmml": lambda: {"baseline": T(method="baseline", loss="triplet"),
-                         "dmml": T(method="dmml", loss="triplet", method_kwargs={"n_classes": 16, "n_support": 3})},
-    }
-    check_choice("study", method, sorted(studies))
-    return studies[method]()
+def seeds_needed(sd: float, # standard deviation of the paired differences (points)
+                 half_width: float = TARGET_HALF_WIDTH, # the interval's half-width aimed at (points)
+                 confidence: float = 0.95, # level of the interval
+                 lo: int = 2, # fewest seeds returned
+                 hi: int = MAX_SEEDS, # most seeds returned (the cap)
+                ) -> int:
+    "The smallest n in [lo, hi] with t(confidence, n-1) * sd / sqrt(n) <= half_width (hi when none is)."
+    from scipy import stats
+    for n in range(max(2, lo), hi + 1):
+        if stats.t.ppf(0.5 + confidence/2, n - 1) * sd / math.sqrt(n) <= half_width: return n
+    return hi
 
 # %% ../nbs/11a_study.ipynb #37c897e5
 def study_frame(root, # the study's output folder
-                metric: str = "R@1", # the reported test metric
+                metric: str = PRIMARY["metric"], # the test metric
+                stage: str = PRIMARY["stage"], # final (the last epoch) or selected (the validation split's epoch)
                ) -> pd.DataFrame:
-    "Variant, seed and reported test `metric` of every run under `root`."
-    d = reported(runs_frame(root))
-    d = d[d.metric == metric]
-    if d.empty: raise ValueError(f"no run under {root} reports {metric!r}")
+    "Variant, seed and test `metric` at `stage` of every run under `root`."
+    d = runs_frame(root)
+    d = d[(d.metric == metric) & (d.stage == stage)]
+    if d.empty: raise ValueError(f"no run under {root} reports {metric!r} at stage {stage!r}")
     return d[["variant", "method", "dataset", "seed", "stage", "epoch", "value"]].sort_values(["variant", "seed"]).reset_index(drop=True)
 
 # %% ../nbs/11a_study.ipynb #13981d86
@@ -127,9 +93,11 @@ def plot_study_curves(root, # the study's output folder
     rows = [dict(variant=v, epoch=r["epoch"], metric=m, value=r[m]) for v, recs in load_histories(root).items()
             for r in recs if r.get("kind", "epoch") == "epoch" for m in metrics if r.get(m) is not None]
     if not rows: raise ValueError(f"no epoch records with {', '.join(metrics)} under {root}")
-    ax = ax or plt.subplots(figsize=(6, 3.4))[1]
+    ax = ax or plt.subplots(figsize=(7.5, 3.4), layout="constrained")[1]
     sns.lineplot(pd.DataFrame(rows), x="epoch", y="value", hue="variant", style="metric", marker="o", ax=ax)
-    ax.set_ylabel("Recall@1")
+    shown = sorted({r["epoch"] for r in rows})
+    ax.set_ylabel("Recall@1"); ax.set_title(f"evaluated at epochs {', '.join(map(str, shown))}", fontsize=9)
+    ax.legend(fontsize=8, bbox_to_anchor=(1.02, 1), loc="upper left")   # off the data
     return ax.figure
 
 # %% ../nbs/11a_study.ipynb #84fba61f
@@ -154,20 +122,95 @@ STUDY_LIMITS = ("What this study cannot show: it trains a small CNN from scratch
                 "so it says nothing of the method at the paper's scale, with an ImageNet-pretrained backbone, or on "
                 "natural images; a verdict here is about this benchmark only.")
 
+def study_facts(folder, # a study's folder
+               ) -> dict:
+    "What the stored runs say of themselves: epochs, steps per epoch, seeds per arm, CPU time, devices."
+    import json
+    folder = Path(folder)
+    runs = {f: json.loads(f.read_text()) for f in sorted(folder.glob("*/seed*/metrics.json"))}
+    arms = sorted({f.parent.parent.name for f in runs})
+    timing = json.loads((folder/"study_time.json").read_text()) if (folder/"study_time.json").exists() else {}
+    return dict(epochs=sorted({m["config"].get("epochs") for m in runs.values()} - {None}),
+                steps_per_epoch=sorted({m.get("run", {}).get("steps_per_epoch") for m in runs.values()} - {None}),
+                seeds={a: sum(f.parent.parent.name == a for f in runs) for a in arms},
+                cpu_seconds=timing.get("cpu_seconds"), devices=timing.get("devices", []))
+
+# %% ../nbs/11a_study.ipynb #7a6c66f3
 def study_report(method: str, # the method's folder under `results/`
                  root=None, # the results store (default: `results/` beside `nbs/` of this clone)
                  dataset: str = "glyphs-XL") -> dict | None: # the benchmark's name in the verdicts
-    "The stored study of `method`: its `frame`, `table`, one verdict per variant, the CPU time; None if none is stored."
+    "The stored study: primary `frame` and `table`, the `secondary` table, one verdict per arm, `facts`, `design`; None if none."
     from dml_book.results import experiments_dir
     import json
     root = Path(root) if root is not None else experiments_dir().parent.parent/"results"
     folder = root/method
     if not folder.is_dir() or not any(folder.rglob("metrics.json")): return None
-    frame = study_frame(folder)
-    name = lambda v: v.upper() if v == method else v   # the method under its paper's name: "HDML", not "hdml"
-    verdicts = [verdict(frame, v, dataset=dataset, label=name(v)) for v in frame.variant.unique() if v != "baseline"]
-    timing = json.loads((folder/"study_time.json").read_text()) if (folder/"study_time.json").exists() else {}
-    return dict(root=folder, frame=frame, table=study_table(frame), verdicts=verdicts, cpu_seconds=timing.get("cpu_seconds"))
+    design = json.loads((folder/"study.json").read_text()) if (folder/"study.json").exists() else {}
+    base = design.get("baseline", "baseline")
+    labels = {a: d["label"] for a, d in design.get("arms", {}).items()}
+    name = lambda v: labels.get(v) or (v.upper() if v == method else v)   # the method under its paper's name: "HDML"
+    frame = study_frame(folder, **PRIMARY)
+    verdicts = [verdict(frame, v, baseline=base, dataset=dataset, label=name(v)) for v in frame.variant.unique()
+                if v != base and frame[frame.variant == v].seed.isin(frame[frame.variant == base].seed).sum() >= 2]
+    try: secondary = study_table(study_frame(folder, **SECONDARY), base)
+    except ValueError: secondary = None
+    facts = study_facts(folder)
+    return dict(root=folder, frame=frame, table=study_table(frame, base), secondary=secondary, verdicts=verdicts,
+                cpu_seconds=facts["cpu_seconds"], facts=facts, design=design, labels={v: name(v) for v in frame.variant.unique()})
+
+# %% ../nbs/11a_study.ipynb #fd4c7886
+def arms_table(rep: dict, # a `study_report`
+              ) -> pd.DataFrame:
+    "One row per arm: its label, what it differs in from the baseline, seeds, mean ± std, paired difference and half-width (primary, secondary)."
+    t = rep["table"].set_index("variant")
+    arms = rep["design"].get("arms", {})
+    sec = rep["secondary"].set_index("variant") if rep["secondary"] is not None else None
+    rows = []
+    for v in t.index:
+        r = t.loc[v]
+        differs = ", ".join(f"{k}={x}" for k, x in arms.get(v, {}).get("differs", {}).items()) or "—"
+        row = {"arm": rep["labels"].get(v, v), "differs in": differs, "seeds": int(r.seeds), "R@1": f"{r['mean']:.1f} ± {r['std']:.1f}"}
+        if not pd.isna(r["diff"]):
+            row["difference"] = f"{r['diff']:+.1f} (±{(r.ci_high - r.ci_low) / 2:.1f})"
+            if sec is not None and v in sec.index and not pd.isna(sec.loc[v, "diff"]):
+                row["at the selected epoch"] = f"{sec.loc[v, 'diff']:+.1f} (±{(sec.loc[v, 'ci_high'] - sec.loc[v, 'ci_low']) / 2:.1f})"
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("").set_index("arm")
+
+# %% ../nbs/11a_study.ipynb #4f368c92
+LEGACY_NOTE = ("This study was stored before the study rules of `dml_book.study_design`: three seeds, a constant learning "
+               "rate, arms whose equality nobody checked, so its interval is wide and its arms may differ in more than the "
+               "method. It stays on the page until the study is re-run under those rules.")
+
+def incomplete(rep: dict, # a `study_report`
+              ) -> str | None:
+    "A sentence when the baseline or a main arm has fewer paired seeds than the power rule's minimum (None when none has)."
+    d, seeds = rep["design"], rep["facts"]["seeds"]
+    short = {a: seeds.get(a, 0) for a in (d.get("baseline", "baseline"), *d.get("main", ())) if seeds.get(a, 0) < MIN_SEEDS}
+    if not short: return None
+    which = ", ".join(f"{rep['labels'].get(a, a)} has {n}" for a, n in short.items())
+    return (f"This study is not finished: {which} of the "
+            f"at least {MIN_SEEDS} paired seeds the power rule asks for; `run_study` resumes it where it stopped.")
+
+def show_study(method: str, # the study's folder under `results/`
+               root=None, # the results store (default: this clone's)
+               dataset: str = "glyphs-XL", # the benchmark's name in the verdicts
+              ) -> dict | None:
+    "Render the stored study of `method` on a page; its `study_report` (None, and a sentence, when none is stored)."
+    from IPython.display import display, Markdown
+    rep = study_report(method, root, dataset)
+    if rep is None: print(f"no stored study under results/{method}/ in this copy of the book"); return None
+    f = rep["facts"]
+    if not rep["design"]: print(LEGACY_NOTE)
+    elif (short := incomplete(rep)): print(short)
+    display(Markdown("\n".join(f"- {v}" for v in rep["verdicts"])))
+    cpu = f"{f['cpu_seconds'] / 60:.0f} CPU-minutes" if f["cpu_seconds"] else "CPU time not recorded"
+    print(f"Primary metric: test Recall@1 at the last epoch. {'/'.join(map(str, f['epochs']))} epochs of "
+          f"{'/'.join(map(str, f['steps_per_epoch'])) or '?'} steps; {cpu} on {', '.join(f['devices']) or 'the CPU'}.")
+    display(arms_table(rep))
+    plot_study_curves(rep["root"])
+    print(STUDY_LIMITS)
+    return rep
 
 # %% ../nbs/11a_study.ipynb #8c099e41
 def read_log(path, # a run's `log.jsonl`

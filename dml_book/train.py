@@ -14,21 +14,22 @@ import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
 from fastcore.basics import patch
 from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
-from .data.core import LabelledSubset, build_split, preprocessing_spec, Decoder, check_evaluation
+from .data.core import (LabelledSubset, build_split, preprocessing_spec, Decoder, check_evaluation, record_training_split,
+                                dataset_protocol, RUN_RECORD)
 from .models import build_model, Head
-from .methods.base import Method
+from .methods.base import Method, batch_loss_output
 from .samplers import ClassBalancedBatchSampler
 from .checkpoint import write_checkpoint, read_checkpoint
 from .files import FileError, to_json, write_json, write_text, append_line, open_lock, check_folder, refuse_links
-from .config import ConfigError, check_config, OptimizerName, LRSchedule, LRStepPer, Precision
+from .config import ConfigError, check_config, check_own_loss, OptimizerName, LRSchedule, LRStepPer, Precision
 from .losses.base import NonFiniteError
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, on_main)
 
 # %% auto #0
-__all__ = ['RUN_FILES', 'TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'build_scheduler',
-           'Trainer', 'resolve_workers', 'channels_last_collate', 'precision_view', 'TrainingDiverged', 'environment',
-           'select_epoch', 'lock_out', 'train']
+__all__ = ['RUN_FILES', 'TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'schedule_factor',
+           'build_scheduler', 'Trainer', 'resolve_workers', 'channels_last_collate', 'bf16_units', 'resolve_precision',
+           'precision_view', 'TrainingDiverged', 'environment', 'select_epoch', 'lock_out', 'train']
 
 # %% ../nbs/08_train.ipynb #a4fa698a
 @dataclass
@@ -64,8 +65,10 @@ class TrainConfig:
     lr_milestones: tuple = ()        # multistep: the scheduler steps at which to decay
     lr_gamma: float = 0.1            # step, multistep, exponential: factor applied at each decay
     lr_step_per: LRStepPer = "epoch" # step the schedule once per "epoch" or per "iteration"
+    lr_warmup_epochs: int = 0        # cosine, half_exp: epochs of linear warm-up to the peak rate first
+    lr_final_fraction: float = 0.01  # cosine, half_exp: the rate of the last epoch (or iteration), as a fraction of the peak
     max_steps_per_epoch: int | None = None  # cap on iterations per epoch (None: the sampler's epoch length)
-    eval_every: int = 1              # evaluate on the test split every this many epochs (and after the last)
+    eval_every: int = 1              # evaluate on the test (and validation) split every this many epochs, and after the last
     val_fraction: float = 0.0        # share of the training classes held out (label-disjoint) to select the epoch; 0: none
     ks: tuple = (1, 2, 4, 8)         # Recall@K levels
     log_every: int = 1               # log training-step values every this many steps
@@ -127,8 +130,29 @@ def build_optimizer(cfg: TrainConfig, # the run's configuration
 # %% ../nbs/08_train.ipynb #6f58cde6
 _SCHEDULES = get_args(LRSchedule)
 
+def schedule_factor(t: int, # scheduler steps taken so far (0 during the first epoch or iteration)
+                    total: int, # scheduler steps in the whole run (epochs, or epochs x iterations per epoch)
+                    kind: str = "cosine", # cosine or half_exp
+                    warmup: int = 0, # scheduler steps of linear warm-up first
+                    final: float = 0.01, # the factor at the last step, t = total - 1
+                   ) -> float:
+    "The learning-rate multiplier of step `t` of `total` under the `kind` schedule (1 is the peak rate)."
+    if t < warmup: return (t + 1) / (warmup + 1)
+    span = total - 1 - warmup
+    if kind == "half_exp":
+        start = warmup + (span + 2) // 2   # constant for the first half, as DMML's official code
+        return 1.0 if t < start else final ** (min(t - start + 1, total - start) / max(1, total - start))
+    p = min(1.0, (t - warmup) / span) if span > 0 else 1.0
+    return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * p))
+
+class _Factor:
+    "A picklable `schedule_factor` with its settings bound (LambdaLR saves an object's settings in its state)."
+    def __init__(self, **kw): self.kw = kw
+    def __call__(self, t): return schedule_factor(t, **self.kw)
+
 def build_scheduler(optimizer, # the optimiser to schedule
                     cfg: TrainConfig, # the run's configuration
+                    steps_per_epoch: int = 1, # iterations in an epoch (the length of an iteration-stepped schedule)
                    ):
     "The learning-rate schedule `cfg` names over `optimizer` (None for a constant rate)."
     check_choice("lr_schedule", cfg.lr_schedule, _SCHEDULES, ConfigError)
@@ -137,11 +161,19 @@ def build_scheduler(optimizer, # the optimiser to schedule
     if cfg.lr_schedule == "step": return S.StepLR(optimizer, step_size=cfg.lr_step_size, gamma=cfg.lr_gamma)
     if cfg.lr_schedule == "multistep": return S.MultiStepLR(optimizer, milestones=list(cfg.lr_milestones), gamma=cfg.lr_gamma)
     if cfg.lr_schedule == "exponential": return S.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
+    if cfg.lr_schedule in ("cosine", "half_exp"):
+        per = steps_per_epoch if cfg.lr_step_per == "iteration" else 1
+        return S.LambdaLR(optimizer, _Factor(total=cfg.epochs * per, kind=cfg.lr_schedule,
+                                             warmup=cfg.lr_warmup_epochs * per, final=cfg.lr_final_fraction))
     return None
 
 # %% ../nbs/08_train.ipynb #8430a01e
 def _load_registries():
     import dml_book.data, dml_book.losses, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
+
+def _absolute_root(cfg: TrainConfig) -> TrainConfig:
+    "`cfg` with `data_root` made absolute: the run's record then means the same folder from any working directory."
+    return cfg if cfg.data_root is None else replace(cfg, data_root=str(Path(cfg.data_root).expanduser().resolve()))
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
@@ -149,8 +181,8 @@ class Trainer:
                  method: Method | str | None = None, # a `Method` object to train (e.g. a chapter's own class), or a registered name
                  **overrides): # `TrainConfig` fields that replace those of `cfg`
         if isinstance(method, str): overrides["method"], method = method, None
-        self.cfg = cfg = replace(cfg or TrainConfig(), **overrides)
-        check_config(cfg)   # the validation boundary: nothing is loaded before it passes
+        self.cfg = cfg = _absolute_root(replace(cfg or TrainConfig(), **overrides))
+        check_config(cfg, method)   # the validation boundary (with the method's own `check`): nothing is loaded before it passes
         _load_registries(); seed_everything(cfg.seed)
         self.dist = init_distributed()  # under torchrun: rank, world size (see `dml_book.distributed`)
         self.device, self.out = resolve_device(cfg.device, self.dist.local_rank), Path(cfg.out)
@@ -159,16 +191,17 @@ class Trainer:
         self.method.setup(self)
         self.model.to(self.device); self.method.to(self.device)
         self.optimizer = build_optimizer(cfg, self.param_groups(), self.method)
-        self.scheduler = build_scheduler(self.optimizer, cfg)
         if self.dist.enabled: self._synchronise()
         self._build_sampler()
+        per_epoch = len(self.loader) if cfg.max_steps_per_epoch is None else min(len(self.loader), cfg.max_steps_per_epoch)
+        self.scheduler = build_scheduler(self.optimizer, cfg, per_epoch)   # per_epoch: `steps_per_epoch`, defined below
         self.epoch, self.step, self.history = 0, 0, []
 
 # %% ../nbs/08_train.ipynb #db3392d3
 @patch
 def _build_data(self: Trainer):
     cfg = self.cfg
-    self.protocol = DATASETS.get(cfg.dataset).protocol
+    self.protocol = dataset_protocol(cfg)
     self.train_ds, self.val_ds = build_split(cfg, "train", True), None
     if cfg.val_fraction: self._hold_out_validation()
     if self.protocol == "reid": self.query_ds, self.gallery_ds = (build_split(cfg, s, False) for s in ("query", "gallery"))
@@ -199,11 +232,7 @@ def _build_model(self: Trainer):
 @patch
 def _use_method_loss(self: Trainer):
     "The method's own objective as `loss_fn`; a loss, loss arguments or a miner in the configuration would go unused."
-    cfg, default = self.cfg, TrainConfig()
-    given = [f"{k}={getattr(cfg, k)!r}" for k in ("loss", "loss_kwargs", "miner", "miner_kwargs")
-             if getattr(cfg, k) != getattr(default, k)]
-    if given: raise ConfigError(f"method {cfg.method!r} trains with its own {self.method.own_loss}; "
-                                f"{', '.join(given)} would be ignored: leave them unset")
+    check_own_loss(self.cfg, self.method)   # as `check_config` does; a half-built trainer (below) skips that
     self.loss_fn, self.miner = self.method.loss.to(self.device), None
 
 # %% ../nbs/08_train.ipynb #719009ed
@@ -355,10 +384,23 @@ def validate(self: Trainer) -> dict:
 # %% ../nbs/08_train.ipynb #537abc74
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+def bf16_units(device: torch.device, # where the forward pass runs
+              ) -> bool:
+    "Whether `device` computes in bf16 natively: a CUDA GPU that supports it, a CPU with AMX or AVX512-BF16."
+    if device.type == "cuda": return torch.cuda.is_bf16_supported()
+    if device.type != "cpu": return False
+    probes = [getattr(torch.cpu, n, None) for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")]
+    return any(p() for p in probes if p is not None)
+
+def resolve_precision(precision: Precision, # as `TrainConfig.precision`
+                      device: torch.device) -> str: # the run's device
+    "The number format a run uses: `precision` itself, or for auto bf16 where `device` has the units, else fp32."
+    return ("bf16" if bf16_units(device) else "fp32") if precision == "auto" else precision
+
 @patch
 def autocast(self: Trainer):
-    "A context for the forward pass: `torch.autocast` to bf16 or fp16 as `cfg.precision` says; nothing for fp32."
-    dtype = _AUTOCAST.get(self.cfg.precision)
+    "A context for the forward pass: `torch.autocast` to bf16 or fp16 as the run's precision says; nothing for fp32."
+    dtype = _AUTOCAST.get(resolve_precision(self.cfg.precision, self.device))
     return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
 # %% ../nbs/08_train.ipynb #a2677ab3
@@ -401,7 +443,8 @@ def precision_view(view, # a `TrainerView` stand-in (a namespace with `device`, 
                   ):
     "Give a stand-in for the trainer (in tests and chapters) the trainer's `autocast`, `scaler`, `backward_and_step`, `step_optimizers`."
     check_choice("precision", precision, get_args(Precision))
-    dtype, dev = _AUTOCAST.get(precision), getattr(view, "device", torch.device("cpu")).type
+    device = getattr(view, "device", torch.device("cpu"))
+    dtype, dev = _AUTOCAST.get(resolve_precision(precision, device)), device.type
     view.scaler = torch.amp.GradScaler(dev, enabled=precision == "fp16")
     view.autocast = lambda: torch.autocast(dev, dtype=dtype) if dtype else contextlib.nullcontext()
     view.step_optimizers = lambda *opts: Trainer.step_optimizers(view, *opts)
@@ -417,7 +460,7 @@ def training_step(self: Trainer, images: torch.Tensor, # this process's batch, o
     logs = m.custom_step(self, images, labels)   # a custom step takes `autocast` and the scaler itself
     if logs is None:
         with self.autocast(): out = m.batch_loss(self, images, labels)
-        out = out if isinstance(out, dict) else {"loss": out}
+        out = batch_loss_output(out, m)   # a dict without "loss": a `MethodError` that says so
         self.backward_and_step(out["loss"], self.optimizer)
         logs = {k: v.item() if torch.is_tensor(v) else v for k, v in out.items()}
     return logs | m.after_step(self, logs)
@@ -444,7 +487,7 @@ def save_checkpoint(self: Trainer):
     write_checkpoint(state, self.out/"checkpoint.pt")
 
 # %% ../nbs/08_train.ipynb #989b1216
-_RUN_KEYS = ("out", "epochs", "device", "num_workers", "progress", "umap", "eval_every",   # may differ on resume
+_RUN_KEYS = ("out", "data_root", "epochs", "device", "num_workers", "progress", "umap", "eval_every",   # may differ on resume
              "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile")
 
 @patch
@@ -455,6 +498,7 @@ def load_checkpoint(self: Trainer,
     state = read_checkpoint(path, map_location=self.device)
     mine, theirs, default = asdict(self.cfg), state["config"], asdict(TrainConfig())   # a field newer than the checkpoint: its default
     diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k, default[k]))]
+    if self.cfg.lr_schedule in ("cosine", "half_exp") and mine["epochs"] != theirs["epochs"]: diff.append("epochs, which sets the length of the lr_schedule")
     if diff: raise ConfigError(f"{path} was written by a different configuration (differs in: {', '.join(diff)}); "
                                f"choose another output folder")
     self.model.load_state_dict(state["model"]); self.optimizer.load_state_dict(state["optimizer"])
@@ -498,7 +542,7 @@ def run_epoch(self: Trainer) -> dict:
     cfg, e = self.cfg, self.epoch
     seed_everything(cfg.seed, e); self.sampler.set_epoch(e); self.model.train(); self.method.train()
     n = self.steps_per_epoch
-    losses, t0 = [], time.perf_counter()
+    losses, t0, lrs = [], time.perf_counter(), [g["lr"] for g in self.optimizer.param_groups]   # the rates this epoch trains with
     batches = progress_bar(self.loader, total=n, leave=False) if cfg.progress else self.loader
     for i, (x, y) in enumerate(batches):
         if i >= n: break
@@ -509,7 +553,7 @@ def run_epoch(self: Trainer) -> dict:
         if "loss" in logs: losses.append(logs["loss"])
         if self.step % cfg.log_every == 0: self.log({"epoch": e, "step": self.step, "kind": "step", **logs})
     if self.scheduler and cfg.lr_step_per == "epoch": self.scheduler.step()
-    rec = {"lr": [g["lr"] for g in self.optimizer.param_groups], "train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
+    rec = {"lr": lrs, "train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),
            **self.method.end_epoch(self, e)}
     if e % cfg.eval_every == 0 or e == cfg.epochs: rec.update(self.evaluate()); rec.update(self.validate())
     return rec
@@ -546,6 +590,16 @@ def keep_if_best(self: Trainer):
     if self.val_ds is None or not self.dist.is_main or "val_R@1" not in epochs[-1] or select_epoch(epochs) is not epochs[-1]: return
     write_checkpoint(dict(epoch=self.epoch, model=self.model.state_dict(), method=self.method.state_dict()), self.out/"best.pt")
 
+# %% ../nbs/08_train.ipynb #0f39eed5
+@patch
+def run_summary(self: Trainer) -> dict:
+    "What the run trained and was evaluated on: classes and images per split, steps taken, steps per epoch."
+    count = lambda ds: dict(classes=int(len(np.unique(ds.labels))), images=len(ds)) if ds is not None else None
+    splits = dict(train=self.train_ds, validation=self.val_ds, **({"query": self.query_ds, "gallery": self.gallery_ds}
+                  if self.protocol == "reid" else {"test": self.test_ds}))
+    return dict(steps=self.step, steps_per_epoch=self.steps_per_epoch, precision=resolve_precision(self.cfg.precision, self.device),
+                **{k: count(ds) for k, ds in splits.items()})
+
 # %% ../nbs/08_train.ipynb #f8be7c18
 @patch
 def write_metrics(self: Trainer):
@@ -555,13 +609,13 @@ def write_metrics(self: Trainer):
     self.final_metrics = _metrics(evaluated[-1])
     if not self.dist.is_main: return
     summary = dict(config=asdict(self.cfg), environment=environment(), untrained=_metrics(epochs[0]),
-                   final=self.final_metrics, epochs=epochs)
+                   final=self.final_metrics, epochs=epochs, run=self.run_summary())
     if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
         summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
     write_json(self.out/"metrics.json", summary, indent=1)
 
 # %% ../nbs/08_train.ipynb #3821e814
-RUN_FILES = ("log.jsonl", ".lock", "metrics.json", "preprocessing.json", "checkpoint.pt", "best.pt", "umap.png")   # what a run writes
+RUN_FILES = ("log.jsonl", ".lock", "metrics.json", "preprocessing.json", RUN_RECORD, "checkpoint.pt", "best.pt", "umap.png")   # what a run writes
 
 def _prepare_out(out: Path):
     "Create the output folder (or fail with a one-line reason); refuse a link in place of any file a run writes."
@@ -570,6 +624,12 @@ def _prepare_out(out: Path):
 def _record_preprocessing(self: Trainer):
     "Write `preprocessing.json` from this run's configuration: how `dml_book.inference.load_run` will read images."
     write_json(self.out/"preprocessing.json", preprocessing_spec(self.cfg, self.train_ds[0][0]))
+
+# %% ../nbs/08_train.ipynb #bdd5a594
+def _record_data(self: Trainer):
+    "Write `data.json`: what a served run rebuilds its network from (see `record_training_split`)."
+    gallery = len(self.gallery_ds) + 1 if self.protocol == "reid" else len(self.test_ds)
+    record_training_split(self.train_ds, gallery, self.out)
 
 # %% ../nbs/08_train.ipynb #39dc76e2
 def lock_out(out: Path, # the run's output folder
@@ -595,7 +655,7 @@ def fit(self: Trainer) -> dict:
         if self.dist.enabled: torch.distributed.barrier()
         resume = (self.out/"checkpoint.pt").exists()
         if resume: self.load_checkpoint(self.out/"checkpoint.pt")   # refuses a checkpoint of another configuration
-        if self.dist.is_main: _record_preprocessing(self)   # from this configuration, at every (re)start
+        if self.dist.is_main: _record_preprocessing(self); _record_data(self)   # from this configuration, at every (re)start
         if not resume:
             if self.dist.is_main: write_text(self.out/"log.jsonl", "")
             self.log({"epoch": 0, "step": 0, "kind": "epoch", **self.evaluate(), **self.validate()})

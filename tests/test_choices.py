@@ -10,8 +10,8 @@ from dml_book.index import Index, IndexKind, IndexMetric
 from dml_book.inference import CheckpointName, checkpoint_file
 from dml_book.methods.ala import ALA, StepParameters
 from dml_book.methods.dcml import Compositor, Weighting
-from dml_book.methods.pads import BinnedDistribution, InitialDistribution, SamplingRule, init_probs
-from dml_book.methods.pads_policy import AdvantageBaseline, PolicyAlgorithm, PolicyLearner
+from dml_book.methods.pads import PADS, BinnedDistribution, InitialDistribution, NegativeSampler, SamplingRule, init_probs
+from dml_book.methods.pads_policy import AdvantageBaseline, CriticTarget, PolicyAlgorithm, PolicyLearner
 from dml_book.metrics import Distance, Metric, evaluate, knn
 from dml_book.models import Head, build_model
 from dml_book.registry import DATASETS
@@ -65,7 +65,7 @@ def test_trainer_builders_take_every_value():
 
 
 def test_precision_view_takes_every_precision_and_autocasts_the_16_bit_ones():
-    assert set(_AUTOCAST) == set(get_args(Precision)) - {"fp32"}
+    assert set(_AUTOCAST) == set(get_args(Precision)) - {"fp32", "auto"}   # auto resolves to bf16 or fp32
     for v in get_args(Precision): assert precision_view(SimpleNamespace(), v).scaler.is_enabled() == (v == "fp16")
     with pytest.raises(ValueError, match=f"unknown precision 'fp8'; {choices_text(Precision)}"): precision_view(SimpleNamespace(), "fp8")
 
@@ -127,3 +127,7 @@ def test_method_choices():
     centers = BinnedDistribution().centers
     for i in get_args(InitialDistribution): torch.testing.assert_close(init_probs(i, centers).sum(), torch.tensor(1.0, dtype=torch.float64))
     with pytest.raises(ValueError, match=f"unknown initial distribution 'beta'; {choices_text(InitialDistribution)}"): init_probs("beta", centers)
+    for c in get_args(CriticTarget): assert PolicyLearner(10, critic=c).critic == c
+    with pytest.raises(ValueError, match=f"unknown critic 'mc'; {choices_text(CriticTarget)}"): PolicyLearner(10, critic="mc")
+    for s in get_args(NegativeSampler): assert PADS(sampler=s, adapt=s == "binned").sampler == s
+    with pytest.raises(ValueError, match=f"unknown sampler 'semihard'; {choices_text(NegativeSampler)}"): PADS(sampler="semihard")

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from dml_book.losses import TripletLoss
-from dml_book.methods.dcml import (DCML, Compositor, FCComposer, Learners, compose, ensemble_weights,
+from dml_book.methods.dcml import (DCML, Compositor, FCComposer, Learners, compose, concatenate, ensemble_weights,
                                    learner_distances, rein_loss, sign_ste)
 from dml_book.models import build_model
 from dml_book.registry import METHODS
@@ -102,11 +102,11 @@ def test_learners_get_no_gradient_through_the_compositors_input():
     assert grads[0] is None and grads[1].abs().sum() > 0
     # J_sub reaches the learners only through the sub-embeddings: same gradient as with frozen weights
     g_sub = torch.autograd.grad(terms["sub"], W, retain_graph=True)[0]
-    c = method.compositor(g.detach().flatten(1) / math.sqrt(3)).detach()
+    c = method.compositor(g.detach().flatten(1)).detach()
     frozen = sum(tr.loss_fn(compose(c, g)[:, m], labels) for m in range(4))
     torch.testing.assert_close(torch.autograd.grad(frozen, W, retain_graph=True)[0], g_sub)
     # ... and the difference is real: without the detach the gradients would differ
-    c_live = method.compositor(g.flatten(1) / math.sqrt(3))
+    c_live = method.compositor(g.flatten(1))
     live = sum(tr.loss_fn(compose(c_live, g)[:, m], labels) for m in range(4))
     assert not torch.allclose(torch.autograd.grad(live, W)[0], g_sub)
 
@@ -115,7 +115,8 @@ def test_test_embedding_is_the_concatenation():
     tr, method, x, _ = _fake_trainer()
     tr.model.eval()
     g = tr.model.head.sub_embeddings(tr.model.backbone(x))
-    torch.testing.assert_close(tr.model(x), g.flatten(1) / math.sqrt(3))
+    torch.testing.assert_close(tr.model(x), g.flatten(1))
+    torch.testing.assert_close(tr.model(x), F.normalize(tr.model.head.fc(tr.model.backbone(x)), dim=-1))   # the K raw outputs, normalised together
     assert tr.model.embedding_dim == 12 and isinstance(tr.model.head, Learners)
 
 
@@ -134,6 +135,51 @@ def test_ablations_switch_off_their_term(kw, terms):
     assert set(out) == terms
     total = out.get("dis", 0) + out.get("sub", 0) + 0.05 * out.get("rein", 0)
     torch.testing.assert_close(out["loss"], torch.as_tensor(total))
+
+
+def test_no_per_learner_normalisation_by_default():
+    "Paper and official code: the learners' raw outputs are concatenated; only y (and each composite) is normalised."
+    assert DCML().normalize_learners is False and Learners(8).normalize_each is False
+    for name in ("cub200", "cars196", "sop"):
+        from dml_book.train import preset_config
+        assert not DCML(**preset_config("dcml", name).method_kwargs).normalize_learners
+    tr, method, x, labels = _fake_trainer()
+    raw = tr.model.head.fc(tr.model.backbone(x)).view(12, 3, 4)            # the official code's sub-embeddings
+    g = tr.model.head.sub_embeddings(tr.model.backbone(x))
+    scale = raw.flatten(1).norm(dim=1)                                      # one positive number per sample ...
+    torch.testing.assert_close(g, raw / scale[:, None, None])               # ... between ours and the raw blocks
+    assert (g.norm(dim=-1) - 1).abs().max() > 0.05                          # so no block is a unit vector
+    out = method.losses(tr, g, labels)
+    c = method.compositor(g.flatten(1).detach())
+    want = sum(tr.loss_fn(F.normalize(compose(c, raw)[:, m], dim=-1), labels) for m in range(4))   # raw composites, normalised
+    torch.testing.assert_close(out["sub"], want)                            # the subtasks see the official code's directions
+
+
+def test_normalised_learners_flag_is_the_product_of_spheres():
+    tr, method, x, labels = _fake_trainer(normalize_learners=True)
+    assert tr.model.head.normalize_each
+    g = tr.model.head.sub_embeddings(tr.model.backbone(x))
+    torch.testing.assert_close(g.norm(dim=-1), torch.ones(12, 3))           # every sub-embedding a unit vector
+    torch.testing.assert_close(tr.model(x), g.flatten(1) / math.sqrt(3))    # y: on a product of 3 spheres, unit norm
+    out = method.losses(tr, g, labels)
+    torch.testing.assert_close(out["dis"], tr.loss_fn(concatenate(g, True), labels))
+    c = method.compositor(concatenate(g, True).detach())
+    torch.testing.assert_close(out["sub"], sum(tr.loss_fn(F.normalize(compose(c, g)[:, m], dim=-1), labels) for m in range(4)))
+    y_plain = F.normalize(tr.model.head.fc(tr.model.backbone(x)), dim=-1)   # the default's y from the same weights
+    assert not torch.allclose(tr.model(x), y_plain, atol=1e-3)              # another test embedding
+
+
+def test_attribution_arms_flip_one_setting_each():
+    "The study's arms: DCML and its attribution arms differ from DCML in one method argument; lambda_m = 1/M."
+    arms = DCML.study_arms
+    assert set(arms) == {"baseline", "dcml", "dcml-no-subtasks", "dcml-no-tanh", "dcml-subtask-mean", "dcml-normalised-learners"}
+    assert arms["baseline"] == dict(method="baseline", loss="triplet") and arms["dcml"] == dict(method="dcml", loss="triplet")
+    flips = {a: arms[a]["method_kwargs"] for a in arms if a.startswith("dcml-")}
+    assert flips == {"dcml-no-subtasks": {"use_subtasks": False}, "dcml-no-tanh": {"use_sign": False},
+                     "dcml-subtask-mean": {"lambda_m": 1 / DCML().n_compositors}, "dcml-normalised-learners": {"normalize_learners": True}}
+    tr, method, x, labels = _fake_trainer(lambda_m=1 / 4)                   # M = 4 here: the subtasks' mean
+    out = method.losses(tr, tr.model.head.sub_embeddings(tr.model.backbone(x)), labels)
+    torch.testing.assert_close(out["loss"], out["dis"] + out["sub"] / 4 + 0.05 * out["rein"])
 
 
 def test_without_compositors_subtasks_sit_on_learners():
@@ -239,7 +285,7 @@ def test_subtask_loss_is_the_sum_over_composites(normalize):
     z, _ = method.composites(g)
     if normalize: z = F.normalize(z, dim=-1)
     torch.testing.assert_close(out["sub"], sum(tr.loss_fn(z[:, m], labels) for m in range(4)))   # eq. 8
-    torch.testing.assert_close(out["dis"], tr.loss_fn(g.flatten(1) / math.sqrt(3), labels))
+    torch.testing.assert_close(out["dis"], tr.loss_fn(g.flatten(1), labels))
 
 
 def test_without_jt_the_subtasks_train_the_learners_but_not_the_compositors():
@@ -290,7 +336,7 @@ def test_margin_loss_and_sampler_on_composites_see_the_same_unit_vectors():
         torch.testing.assert_close(e_miner, e_loss)                               # the same composites ...
         torch.testing.assert_close(e_loss.norm(dim=1), torch.ones(len(e_loss)))   # ... on the unit sphere
     z, _ = method.composites(g)
-    torch.manual_seed(3); tr.loss_fn(g.flatten(1) / math.sqrt(3), labels, tr.miner(g.flatten(1) / math.sqrt(3), labels))
+    torch.manual_seed(3); tr.loss_fn(g.flatten(1), labels, tr.miner(g.flatten(1), labels))
     want = sum(tr.loss_fn(F.normalize(z[:, m], dim=-1), labels, tr.miner(F.normalize(z[:, m], dim=-1), labels)) for m in range(4))
     torch.testing.assert_close(out["sub"], want)
 

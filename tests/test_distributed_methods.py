@@ -10,7 +10,7 @@ from dml_book.methods.base import TrainerView
 from dml_book.methods.ala import ALA
 from dml_book.methods.hdml import HDML
 from dml_book.methods.dcml import DCML
-from dml_book.methods.pads import PADS
+from dml_book.methods.pads import PADS, init_probs
 from dml_book.methods.dmml import DMML, ClassShare
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py: one thread, dtype restored after each test
@@ -82,7 +82,9 @@ def pads_step(rank: int, world: int, out: str):
     "One PADS step with a fixed distribution (the sampling and the loss; the policy is tested on a real Trainer below)."
     torch.set_num_threads(1); torch.set_default_dtype(torch.float64)
     torch.manual_seed(0)   # the (unused) policy network's initialisation
-    tr = stand_in(PADS(adapt=False, init="uniform_low"), rank, world, TripletLoss(margin=0.2))
+    class FixedPADS(PADS):   # the stand-in has no dataset to hold a reward split out of: the initial distribution only
+        def setup(self, trainer): self.distribution.set_probs(init_probs("uniform_low", self.distribution.centers))
+    tr = stand_in(FixedPADS(adapt=False), rank, world, TripletLoss(margin=0.2))
     finish(tr, world)
     x, y = data(rank, world)
     save(tr, [Trainer.training_step(tr, x, y)], f"{out}/pads-{world}-{rank}.pt", generator=tr.method.generator.get_state())
@@ -104,7 +106,7 @@ def pads_policy_steps(rank: int, out: str):
 def dmml_step(rank: int, world: int, out: str):
     "One DMML step on an episode of 4 classes x (2 support + 2 query), split by class across the ranks."
     torch.set_num_threads(1); torch.set_default_dtype(torch.float64)
-    tr = stand_in(DMML(n_classes=4, n_support=2, n_query=2, lr_decay=False, feature_penalty=0.01), rank, world, TripletLoss())
+    tr = stand_in(DMML(n_classes=4, n_support=2, n_query=2, feature_penalty=0.01), rank, world, TripletLoss())
     finish(tr, world)
     x, y = data(rank, world)
     save(tr, [Trainer.training_step(tr, x, y)], f"{out}/dmml-{world}-{rank}.pt")

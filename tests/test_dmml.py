@@ -6,7 +6,7 @@ from dml_book.checkpoint import read_checkpoint
 import torch
 import torch.nn.functional as F
 
-from dml_book.methods.dmml import (DMML, MetaCellLoss, dmml_lr_factor, episode_loss, meta_cell_distances,
+from dml_book.methods.dmml import (DMML, EpisodeBaseline, MetaCellLoss, episode_loss, meta_cell_distances,
                                    split_episode)
 from dml_book.samplers import TaskSampler
 
@@ -141,12 +141,20 @@ def test_split_episode_needs_queries():
         split_episode(torch.zeros(5, 2), torch.tensor([0, 0, 0, 1, 1]), 2)
 
 
-def test_lr_schedule():
-    f = [dmml_lr_factor(e, 1200) for e in range(1200)]
+def test_the_paper_schedule_is_the_runs_half_exp():
+    "Sec. 3.2 as the presets' run schedule: constant for the first 600 of 1200 epochs, then exponential to 0.005x."
+    from dml_book.train import build_scheduler, preset_config
+    cfg = preset_config("dmml", "market1501")
+    assert (cfg.lr_schedule, cfg.lr_final_fraction, cfg.lr_warmup_epochs, cfg.lr_step_per) == ("half_exp", 0.005, 0, "epoch")
+    assert "lr_decay" not in cfg.method_kwargs
+    opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=2e-4)
+    sched, f = build_scheduler(opt, cfg), []
+    for _ in range(1200): f.append(opt.param_groups[0]["lr"] / 2e-4); opt.step(); sched.step()
     assert f[:600] == [1.0] * 600
     assert f[-1] == pytest.approx(0.005)
     ratios = np.array(f[600:]) / np.array(f[599:-1])
     np.testing.assert_allclose(ratios, 0.005 ** (1 / 600), rtol=1e-9)   # exponential decay over the second half
+    with pytest.raises(TypeError): DMML(lr_decay=True)                   # the method has no schedule of its own
 
 
 def test_method_step_equals_manual_step():
@@ -169,10 +177,9 @@ def test_method_step_equals_manual_step():
     loss.backward(); ref.optimizer.step()
     assert logs["loss"] == pytest.approx(loss.item(), rel=1e-5)
     torch.testing.assert_close(tr.model.head.fc.weight, ref.model.head.fc.weight)
-    tr.epoch = 2                                                   # the last epoch of 2: 0.005x
+    tr.epoch = 2                                                   # the last epoch of 2: the method leaves the rate alone
     Trainer.training_step(tr, x, y)
-    assert tr.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.005)
-    assert tr.optimizer.param_groups[0]["initial_lr"] == 1e-3
+    assert tr.optimizer.param_groups[0]["lr"] == 1e-3 and "initial_lr" not in tr.optimizer.param_groups[0]
 
 
 def test_presets_are_train_configs():
@@ -265,13 +272,19 @@ def test_reid_end_to_end_on_replicas(tmp_path, dataset, writer):
 
 @pytest.mark.slow
 def test_resume_equals_uninterrupted_run(tmp_path):
-    "Two epochs in one go == one epoch, then resume to two (the schedule's base rate rides in the optimiser)."
+    "Two epochs in one go == the same run stopped after its first epoch and resumed, on the run's half_exp schedule."
     from dml_book.train import TrainConfig, Trainer, train
-    kw = dict(dataset="digits", method="dmml", seed=0, max_steps_per_epoch=3,
-              method_kwargs=dict(n_classes=5, n_support=3, n_query=1, lr_decay=True))
-    train(TrainConfig(epochs=2, out=str(tmp_path/"straight"), **kw))
-    train(TrainConfig(epochs=1, out=str(tmp_path/"resumed"), **kw))
-    resumed = Trainer(TrainConfig(epochs=2, out=str(tmp_path/"resumed"), **kw))
+    kw = dict(dataset="digits", method="dmml", seed=0, max_steps_per_epoch=3, epochs=2, lr_schedule="half_exp",
+              lr_final_fraction=0.005, method_kwargs=dict(n_classes=5, n_support=3, n_query=1))
+    train(TrainConfig(out=str(tmp_path/"straight"), **kw))
+    class Stop(Exception): pass
+    cut = Trainer(TrainConfig(out=str(tmp_path/"resumed"), **kw)); save = cut.save_checkpoint
+    def save_then_stop():
+        save()
+        if cut.epoch == 1: raise Stop                                  # interrupted after the first epoch
+    cut.save_checkpoint = save_then_stop
+    with pytest.raises(Stop): cut.fit()
+    resumed = Trainer(TrainConfig(out=str(tmp_path/"resumed"), **kw))
     resumed.fit()
     a = read_checkpoint(tmp_path/"straight"/"checkpoint.pt")
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.005)
@@ -289,3 +302,65 @@ def test_trainer_uses_the_meta_cell_loss_and_refuses_a_configured_one(tmp_path):
                        (dict(loss_kwargs={"margin": 0.3}), "loss_kwargs={'margin': 0.3}")):
         with pytest.raises(ConfigError, match="own meta-cell loss") as e: Trainer(TrainConfig(**kw, **bad))
         assert named in str(e.value)
+
+
+def _view(labels, seed=0, world=1, rank=0):
+    from types import SimpleNamespace
+    return SimpleNamespace(train_ds=SimpleNamespace(labels=np.asarray(labels)), cfg=SimpleNamespace(seed=seed),
+                           dist=SimpleNamespace(world_size=world, rank=rank))
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_episode_baseline_draws_dmmls_batches(seed):
+    "Table 3's baselines train on DMML's sampler: the same episodes, epoch by epoch, also split across ranks."
+    labels = np.repeat(np.arange(20), [2, 3, 4, 5, 6] * 4)
+    for world, rank in ((1, 0), (2, 1)):
+        ours = EpisodeBaseline(n_classes=8, n_support=3, tasks_per_epoch=5).batch_sampler(_view(labels, seed, world, rank))
+        theirs = DMML(n_classes=8, n_support=3, tasks_per_epoch=5).batch_sampler(_view(labels, seed, world, rank))
+        for e in range(3):
+            ours.set_epoch(e); theirs.set_epoch(e)
+            batches = list(ours)
+            assert batches == list(theirs) and len(batches) == 5
+            assert all(len(b) == 8 * 4 // world and len(set(labels[b])) == 8 // world for b in batches)
+    with pytest.raises(ValueError, match="n_classes, n_support and n_query must be >= 1"): EpisodeBaseline(n_support=0)
+
+
+def test_episode_baseline_trains_the_configured_loss_with_its_miner(tmp_path):
+    "method=episodes: the configured loss and miner (batch-hard, mean over the anchors) on the episode, normalised embedding."
+    from dml_book.train import ConfigError, Trainer, TrainConfig
+    kw = dict(dataset="digits", method="episodes", epochs=1, max_steps_per_epoch=2, seed=1, out=str(tmp_path),
+              loss="triplet", loss_kwargs=dict(margin=0.2, reduction="mean"), miner="batchhard",
+              method_kwargs=dict(n_classes=4, n_support=3, n_query=1))
+    tr = Trainer(TrainConfig(**kw))
+    assert isinstance(tr.method, EpisodeBaseline) and type(tr.miner).__name__ == "BatchHardMiner" and tr.model.head.normalize
+    dmml = Trainer(TrainConfig(**{**kw, "method": "dmml", "loss_kwargs": {}, "miner": None, "out": str(tmp_path/"d")}))
+    assert list(tr.sampler) == list(dmml.sampler)                                # seed for seed, DMML's episodes
+    idx = next(iter(tr.sampler))
+    x = torch.stack([tr.train_ds[i][0] for i in idx]); y = torch.as_tensor(tr.train_ds.labels[idx])
+    with torch.no_grad():
+        z = tr.model(x)
+        d = torch.cdist(z, z)
+    same = y[:, None] == y[None]
+    pos = d.masked_fill(~same, -1.0).amax(1); neg = d.masked_fill(same, float("inf")).amin(1)
+    logs = tr.training_step(x, y)
+    assert logs["loss"] == pytest.approx(torch.relu(pos - neg + 0.2).mean().item(), rel=1e-5)
+    with pytest.raises(ConfigError, match="loss"):
+        Trainer(TrainConfig(**{**kw, "loss_kwargs": {"margn": 0.2}}))                # a bad loss argument: one line, named
+
+
+def test_study_arms_differ_only_in_what_they_change(tmp_path):
+    "DMML.study_arms: baseline and dmml share batches and schedule; each other arm changes what its name says."
+    arms = DMML.study_arms
+    assert set(arms) == {"baseline", "dmml", "all-triplet", "dmml-episode-shape", "dmml-normalised"}
+    assert set(DMML.attribution) == set(arms) - {"baseline", "dmml"}
+    b, m = arms["baseline"], arms["dmml"]
+    assert (b["method"], b["miner"], b["loss"], b["loss_kwargs"]) == ("episodes", "batchhard", "triplet", dict(margin=0.2, reduction="mean"))
+    assert b["method_kwargs"] == m["method_kwargs"] == dict(n_classes=16, n_support=3, n_query=1)
+    from dml_book.study_design import STUDY_SETTINGS
+    assert 16 * (3 + 1) == STUDY_SETTINGS["batch_size"]                           # an episode is the study's batch
+    assert arms["dmml-episode-shape"]["method_kwargs"] == dict(m["method_kwargs"], n_classes=32)
+    assert arms["dmml-normalised"]["method_kwargs"] == dict(m["method_kwargs"], normalize_train=True)
+    assert arms["all-triplet"] == dict(method="baseline", loss="triplet")          # the study's class-balanced batches
+    arms["dmml"]["method_kwargs"]["n_classes"] = 99                              # a copy per arm: editing one edits no other
+    try: assert arms["baseline"]["method_kwargs"]["n_classes"] == 16
+    finally: arms["dmml"]["method_kwargs"]["n_classes"] = 16

@@ -185,14 +185,14 @@ def test_search_refuses_another_checkpoint_and_takes_a_moved_run(run, tmp_path):
     assert len(meta["run"]["sha256"]) == 64
     (idx/"index.json").write_text(json.dumps({**meta, "run": {**meta["run"], "dir": str(out)}})); remanifest(idx)
     q = sorted((run/"pngs").iterdir())[3]
-    assert json.loads(cli("search", idx, q, "--json").stdout)[0][0]["path"] == str(q.resolve())
+    assert json.loads(cli("search", idx, q, "--json").stdout)[0]["neighbours"][0]["path"] == str(q.resolve())
     Trainer(TrainConfig(**GLYPHS, epochs=2, out=str(out))).fit()   # trained one epoch more: another checkpoint
     one_line_error(cli("search", idx, q), "(trained further, or another run)")
     shutil.move(out, tmp_path/"moved")
     one_line_error(cli("search", idx, q), "if it moved, give its new place: --run DIR")
     one_line_error(cli("search", idx, q, "--run", tmp_path/"moved"), "(trained further, or another run)")
     r = cli("search", idx, q, "--run", run/"run", "--json")   # the run whose checkpoint embedded the gallery, given explicitly
-    assert r.returncode == 0 and json.loads(r.stdout)[0][0]["path"] == str(q.resolve()), r.stderr
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["neighbours"][0]["path"] == str(q.resolve()), r.stderr
 
 
 def test_index_does_not_overwrite_another_runs_index(run, tmp_path):

@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 import torch
 from dml_book.losses import NPairLoss
-from dml_book.methods.hdml import (HDML, Generator, WindowAverage, grouped_npair_loss, hardness_aware_augment,
-                                   npair_pairs, npair_synthesis, pulling_lambda, random_triplets, synthesis_weight,
-                                   triplet_synthesis)
+from dml_book.methods.hdml import (HDML, Generator, WindowAverage, decay_penalty, grouped_npair_loss, hardness_aware_augment,
+                                   npair_pairs, npair_synthesis, official_j_m, official_triplet_loss, pulling_lambda,
+                                   random_triplets, synthesis_weight, triplet_synthesis, violation_share)
+from dml_book.config import ConfigError
+from dml_book.losses import TripletLoss
 from dml_book.train import Trainer, TrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # tests/conftest.py: one thread, restored after each test
@@ -66,6 +68,98 @@ def test_schedules():
     assert math.isclose(synthesis_weight(5e3, 1e4), math.exp(-2.0)) and synthesis_weight(float("inf"), 1e4) == 1.0
     avg = WindowAverage(2)
     assert [avg.update(x) for x in (1., 3., 10., 20.)] == [math.inf, 2., 2., 15.]
+
+
+# ---- the official schedule: J_m, J_avg, lambda and the pulled negative (main_triplet.py, lib/HDML.py, lib/Loss_ops.py) ----
+def official_pull(a, p, n, lam):
+    "The official Pulling (lib/HDML.py lines 38-50): a + (n - a) (d_ap + (d_an - d_ap) lam) / d_an, n kept where d_ap >= d_an."
+    dp, dn = torch.linalg.norm(a - p, dim=1, keepdim=True), torch.linalg.norm(a - n, dim=1, keepdim=True)
+    return torch.where(dp >= dn, n, a + (n - a) * (dp + (dn - dp) * lam) / dn)
+
+
+def test_official_schedule_hand_computed():
+    # one batch of three triplets around the anchor (0, 0): squared distances 1 vs 25 (easy), 49 vs 9 (41), 4 vs 4 (1)
+    z = torch.tensor([[0., 0.], [0., 1.], [3., 4.], [0., 7.], [3., 0.], [2., 0.], [0., 2.]])
+    t = (torch.tensor([0, 0, 0]), torch.tensor([1, 3, 5]), torch.tensor([2, 4, 6]))
+    assert official_triplet_loss(z, t).item() == 42.0                     # Loss_ops.py l. 164-168: margin 1, squared, summed
+    assert official_triplet_loss(z, t, margin=0.0).item() == 40.0         # 41 - 1 and 1 - 1
+    # weight decay 2 on (2, 2): 2/2 * 8 = 8 (main_triplet.py l. 63-65, l2_loss = |v|^2 / 2); the undecayed group adds nothing
+    opt = torch.optim.Adam([dict(params=[torch.nn.Parameter(torch.tensor([2., 2.]))], weight_decay=2.0),
+                            dict(params=[torch.nn.Parameter(torch.tensor([5.]))], weight_decay=0.0)])
+    assert decay_penalty(opt) == 8.0
+    # J_m = w (J + decay) (l. 70, 112): 50 at w = 1, 40 at w = 0.8; window 2 (64 in nn_Ops.py l. 196): J_avg = 45
+    avg = WindowAverage(2)
+    for w, want in ((1.0, 50.0), (0.8, 40.0)):
+        j_m = official_j_m(official_triplet_loss(z, t).item(), decay_penalty(opt), w)
+        assert j_m == pytest.approx(want)
+        avg.update(j_m)
+    assert avg.value == pytest.approx(45.0)
+    lam = pulling_lambda(avg.value, 90.0)                                   # FLAGS.py l. 41: alpha = 90
+    assert lam == pytest.approx(math.exp(-2.0))
+    a, p, n = (z[i] for i in t)
+    pulled = hardness_aware_augment(a, n, torch.linalg.norm(a - p, dim=1), lam)
+    torch.testing.assert_close(pulled[0], torch.tensor([0.6, 0.8]) * (1 + 4 * math.exp(-2.0)))   # distance 5 -> 1 + 4 lam
+    torch.testing.assert_close(pulled[1:], n[1:])                           # d+ = 7 > 3 and d+ = 2 = d: kept
+    torch.testing.assert_close(pulled, official_pull(a, p, n, lam))
+
+
+def test_method_feeds_the_official_j_m(tmp_path):
+    "Each step logs J_m = w (official triplet loss of its real triplets + the optimiser's decay penalty); lambda follows its window mean."
+    tr = _trainer(tmp_path, method_kwargs=dict(hidden=32, window=2))
+    hd, (x, y) = tr.method, next(iter(tr.loader))
+    assert (hd.j_m, hd.pulling_factor) == ("official", 90.0)
+    j_ms = []
+    for _ in range(2):
+        state = copy.deepcopy(hd.get_extra_state())
+        with torch.no_grad():
+            z = tr.model(x)
+            hd.set_extra_state(state)                                       # the same triplets as the step below
+            real = hd.real_and_synthetic(tr, z, y, 1.0)[0]
+        w = synthesis_weight(hd.j_gen_avg.value, hd.beta)
+        want = w * (official_triplet_loss(z, real).item() + decay_penalty(tr.optimizer))
+        hd.set_extra_state(state)
+        logs = tr.training_step(x, y)
+        assert logs["j_m"] == pytest.approx(want, rel=1e-5) and logs["lam"] == 1.0
+        j_ms.append(logs["j_m"])
+    assert decay_penalty(tr.optimizer) > 0 and 0 < j_ms[0]
+    logs = tr.training_step(x, y)
+    assert logs["lam"] == pytest.approx(math.exp(-90.0 / np.mean(j_ms)), rel=1e-6)
+    assert 0 <= logs["viol_real"] <= 1 and 0 <= logs["viol_syn"] <= 1
+
+
+def test_old_schedule_is_the_loss(tmp_path):
+    "j_m='loss' (the chapter's first version): J_avg averages the run's J(T)."
+    tr = _trainer(tmp_path, method_kwargs=dict(hidden=32, window=1, j_m="loss", pulling_factor=0.1))
+    x, y = next(iter(tr.loader))
+    logs = tr.training_step(x, y)
+    assert logs["j_m"] == logs["j_real"] and tr.method.j_avg.value == pytest.approx(logs["j_real"])
+    with pytest.raises(ConfigError, match="HDML has no j_m 'mean'; choose from: official, loss"): HDML(j_m="mean")
+
+
+def test_violation_share_matches_the_loss():
+    g = torch.Generator().manual_seed(5)
+    z, labels = torch.randn(40, 6, generator=g), torch.arange(8).repeat(5)
+    t = random_triplets(labels, g)
+    for kw in (dict(margin=0.2), dict(margin=1.0, squared=True), dict(margin=1.0, squared=True, normalize=False)):
+        per = TripletLoss(reduction="none", **kw)(z, labels, t).losses
+        assert 0 < (per > 0).float().mean() < 1
+        assert violation_share(TripletLoss(**kw), z, t).item() == pytest.approx((per > 0).float().mean().item())
+
+
+def test_bf16_objectives_close_to_fp32(tmp_path):
+    "Under bf16 autocast the forward is bf16, the losses fp32: the logged values stay within a few per cent of fp32's."
+    tr = _trainer(tmp_path, method_kwargs=dict(hidden=32, window=1), loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"))
+    hd, (x, y) = tr.method, next(iter(tr.loader))
+    tr.training_step(x, y)
+    state, out = copy.deepcopy(hd.get_extra_state()), {}
+    for precision in ("fp32", "bf16"):
+        hd.set_extra_state(state)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            o = hd.objectives(tr, x, y)
+        assert all(v.dtype == torch.float32 for k, v in o.items() if k.startswith("j_") and torch.is_tensor(v)), precision
+        out[precision] = {k: float(v) for k, v in o.items()}
+    for k in ("j_real", "j_syn", "j_recon", "j_soft", "j_gen", "j_m", "d_ap", "d_an", "d_an_syn"):
+        assert out["bf16"][k] == pytest.approx(out["fp32"][k], rel=0.05), (k, out["bf16"][k], out["fp32"][k])
 
 
 def test_synthesis_and_npair_loss():
@@ -160,7 +254,7 @@ def test_npair_mode_and_wrong_loss(tmp_path):
 
 @pytest.mark.slow
 def test_two_epochs_improve_recall_and_log_trajectory(tmp_path):
-    final = train(TrainConfig(dataset="glyphs", method="hdml", epochs=2, batch_size=32, m_per_class=4,
+    final = train(TrainConfig(dataset="glyphs", method="hdml", epochs=2, batch_size=32, m_per_class=4, method_kwargs=dict(window=8),
                               max_steps_per_epoch=20, eval_every=2, out=str(tmp_path), seed=0))
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert final["R@1"] > metrics["untrained"]["R@1"] + 0.05, (metrics["untrained"]["R@1"], final["R@1"])
@@ -199,8 +293,8 @@ def test_paper_presets_take_a_step(tmp_path):
         x, y = next(iter(tr.loader))
         logs = tr.training_step(x, y)
         assert all(math.isfinite(v) for v in logs.values()), name
-        if tr.method.softmax and tr.method.recon and tr.method.synthesize:   # eq. (9) with the paper's lambda = 0.5
-            assert logs["j_gen"] == pytest.approx(logs["j_recon"] + 0.5 * logs["j_soft"], rel=1e-5)
+        if tr.method.softmax and tr.method.recon and tr.method.synthesize:   # main_triplet.py l. 118-122: (1 - 0.5) J_recon + 1e4 * 0.5 J_soft
+            assert logs["j_gen"] == pytest.approx(0.5 * logs["j_recon"] + 1e4 * 0.5 * logs["j_soft"], rel=1e-5)
         if triplets: assert tr.method.real_and_synthetic(tr, tr.model(x), y, 1.0)[0][0].tolist() == [0, 3]   # the batch's 2 triplets
 
 
@@ -220,4 +314,6 @@ def test_triplet_batches_give_the_official_40_triplets_and_the_baseline_shares_t
     real = tr.method.real_and_synthetic(tr, z, y, 1.0)[0]
     o = tr.method.objectives(tr, x, y)
     want = sum(max(0., float(((z[a] - z[p]) ** 2).sum() - ((z[a] - z[n]) ** 2).sum() + 1.0)) for a, p, n in zip(*real))
-    assert o["j_metric"].item() == pytest.approx(want, rel=1e-5) and set(o) == {"lam", "weight", "j_real", "j_metric"}
+    assert o["j_metric"].item() == pytest.approx(want, rel=1e-5)
+    assert set(o) == {"lam", "weight", "j_real", "j_metric", "j_m", "d_ap", "d_an", "viol_real"}   # no synthesis, no synthetic values
+    assert o["j_m"] == pytest.approx(want + decay_penalty(tr.optimizer), rel=1e-5)   # the official J_m: the same loss + decay

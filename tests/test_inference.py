@@ -52,7 +52,9 @@ def test_evaluate_json_equals_metrics_json_final(run):
     r = subprocess.run([sys.executable, "-m", "dml_book.cli", "evaluate", str(run_dir), "--json"],
                        capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == json.loads((run_dir/"metrics.json").read_text())["final"]
+    got, final = json.loads(r.stdout), json.loads((run_dir/"metrics.json").read_text())["final"]
+    assert {k: got[k] for k in final} == final
+    assert (got["checkpoint"], got["epochs_trained"], got["epochs"], got["finished"]) == ("checkpoint.pt", 1, 1, True)
 
 
 def test_evaluate_table_and_other_dataset(run):
@@ -82,7 +84,9 @@ def test_index_a_folder_and_find_each_image_first(run, pngs, tmp_path):
     queries = [files[3], files[17], files[30]]
     code, out, err = run_cli("search", tmp_path/"idx", *queries, "-k", 7, "--json", "--gallery-figure", tmp_path/"g.png")
     assert code == 0, err
-    res = json.loads(out)
+    named = json.loads(out)
+    assert [r["query"] for r in named] == [str(q.resolve()) for q in queries]   # each result list names its query
+    res = [r["neighbours"] for r in named]
     assert [len(r) for r in res] == [7, 7, 7]
     assert [r[0]["path"] for r in res] == [str(q.resolve()) for q in queries]
     assert all(r[0]["distance"] < 1e-3 for r in res)
@@ -100,7 +104,7 @@ def test_approximate_index_from_the_command_line(run, pngs, tmp_path, kind):
     assert idx.kind == kind and len(idx) == 40
     q = sorted(pngs.rglob("*.*"))[5]
     code, out, _ = run_cli("search", tmp_path/"idx", q, "-k", 3, "--json")
-    assert code == 0 and json.loads(out)[0][0]["path"] == str(q.resolve())
+    assert code == 0 and json.loads(out)[0]["neighbours"][0]["path"] == str(q.resolve())
 
 
 def test_search_errors_are_one_line(run, pngs, tmp_path):
@@ -175,12 +179,12 @@ def test_train_digits_runs_with_the_defaults(tmp_path):
 def test_help_names_meanings_choices_and_real_defaults():
     sub = parser()._subparsers._group_actions[0].choices
     h = " ".join(sub["train"].format_help().split("options:")[1].split())
-    for flag, names in [("--dataset", "cars196, cub200, digits"), ("--loss", "angular, contrastive"),
+    for flag, names in [("--dataset", "cars196, csv, cub200, digits"), ("--loss", "angular, contrastive"),
                         ("--miner", "batchhard, distance_weighted"), ("--method", "ala, baseline, dcml"),
                         ("--backbone", "smallcnn, googlenet"), ("--preset", "hdml: paper-triplet")]:
         assert f"{flag} " in h and names in h.split(flag + " ", 1)[1][:600], flag
     assert "--embedding-dim EMBEDDING_DIM size of the embedding (default: 64)" in h
-    assert "--progress, --no-progress show progress bars (default: True)" in h
+    assert "--progress, --no-progress show progress bars (default: True on a terminal)" in h
     assert "--umap, --no-umap save a UMAP figure of the final test embedding (default: True)" in h
     for cmd in ("evaluate", "embed", "index", "search", "list"): assert cmd in sub
 
@@ -193,3 +197,42 @@ def test_list_prints_the_registries():
     names = [l.split()[0] for l in out.splitlines()[1:]]
     from dml_book.registry import LOSSES
     assert code == 0 and names == LOSSES.names() and "Triplet margin loss" in out
+
+
+def test_a_moved_run_serves_without_its_data(tmp_path, monkeypatch):
+    "Done when: a run folder copied elsewhere, its dataset deleted, embed/index/search work (from another directory)."
+    import shutil
+    monkeypatch.chdir(tmp_path)
+    trainer = Trainer(TrainConfig(**GLYPHS, epochs=1, data_root="data", out="run"))   # a relative data root
+    trainer.fit()
+    assert json.loads(Path("run/metrics.json").read_text())["config"]["data_root"] == str(tmp_path/"data")
+    imgs = tmp_path/"imgs"; imgs.mkdir()
+    for i in range(12): Image.fromarray(trainer.test_ds.images[i]).save(imgs/f"{i:02d}.png")
+    emb, _ = trainer.embed_dataset(trainer.test_ds)
+    moved = tmp_path/"elsewhere"/"run"
+    shutil.copytree("run", moved); shutil.rmtree("run"); shutil.rmtree("data")
+    (tmp_path/"cwd").mkdir(); monkeypatch.chdir(tmp_path/"cwd")
+    assert run_cli("embed", moved, imgs, "--out", "e.npz")[0] == 0
+    with np.load("e.npz") as z: np.testing.assert_allclose(z["embeddings"], emb[:12].numpy(), atol=1e-5)
+    assert run_cli("index", moved, imgs, "--out", "ix")[0] == 0
+    code, out, err = run_cli("search", "ix", imgs/"05.png", "-k", "3", "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["query"] == json.loads(out)[0]["neighbours"][0]["path"] == str((imgs/"05.png").resolve())
+    assert not (tmp_path/"data").exists() and not (tmp_path/"cwd"/"data").exists()   # nothing was read or rebuilt
+    model, _, _ = load_run(moved)
+    assert model.trainer.cfg.dataset == "_run" and not model.trainer.cfg.pretrained
+
+
+def test_a_run_of_an_unregistered_dataset_embeds_in_a_fresh_process(tmp_path):
+    "A dataset class registered by a user's own script is not needed to serve its run (was: unknown dataset 'mydigits')."
+    train = ("from dml_book.registry import DATASETS\nfrom dml_book.data import Digits\nfrom dml_book.train import train\n"
+             "DATASETS.register('mydigits')(type('MyDigits', (Digits,), {}))\n"
+             f"train(dataset='mydigits', epochs=1, max_steps_per_epoch=2, batch_size=20, m_per_class=4, out={str(tmp_path/'run')!r})\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-c", train], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    Image.fromarray(Digits(split="test").images[0]).save(tmp_path/"a.png")
+    r = subprocess.run([sys.executable, "-m", "dml_book.cli", "embed", str(tmp_path/"run"), str(tmp_path/"a.png"),
+                        "--out", str(tmp_path/"e.npy")], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert np.load(tmp_path/"e.npy").shape == (1, 64)

@@ -351,3 +351,55 @@ def test_angular_on_raw_embeddings_normalises_all_three():
     assert_same_raw(lambda e, l: AngularLoss(alpha=40)(e, l),
                     lambda e, l: pml_losses.AngularLoss(alpha=40)(F.normalize(e, dim=1), l), raw, labels)
     assert abs((AngularLoss(alpha=40)(raw, labels) - pml_losses.AngularLoss(alpha=40)(raw, labels)).item()) > 1e-3
+
+
+# A reference set (PML's ref_emb, ref_labels): anchors from the batch, positives and negatives from the reference set.
+REF_ROWS = ["triplet", "triplet_m05", "contrastive", "margin", "multisimilarity"]
+
+
+def make_reference(R, C, dtype, seed, dim=16):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(R, dim, generator=g, dtype=dtype, requires_grad=True), torch.randint(0, C, (R,), generator=g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("row", REF_ROWS)
+def test_losses_with_ref_emb_match_pml(row, dtype):
+    ours, pml = PAIR_ROWS[row]
+    raw, labels = make_batch(24, 6, True, dtype, seed=7)
+    ref, ref_labels = make_reference(20, 6, dtype, seed=8)
+    for tuples in (None, "semihard", "pml_pairs"):
+        t = {None: lambda: None,
+             "semihard": lambda: SemiHardMiner(0.3)(raw.detach(), labels, ref.detach(), ref_labels),
+             "pml_pairs": lambda: pml_miners.MultiSimilarityMiner(0.1)(raw.detach(), labels, ref.detach(), ref_labels)}[tuples]()
+        vals, grads = [], []
+        for fn in (ours(), pml()):
+            v = fn(F.normalize(raw, dim=1), labels, t, F.normalize(ref, dim=1), ref_labels)
+            vals.append(v.item()); grads.append(torch.autograd.grad(v, [raw, ref]))
+        assert abs(vals[0] - vals[1]) <= TOL[dtype] * max(1, abs(vals[1])), (tuples, vals)
+        for a, b in zip(*grads): assert (a - b).abs().max() <= TOL[dtype], (tuples, float((a - b).abs().max()))
+
+
+def test_ref_emb_reduction_none_indexes_the_reference_set():
+    raw, labels = make_batch(8, 2, True, torch.float64, seed=1)
+    ref, ref_labels = make_reference(6, 2, torch.float64, seed=2)
+    out = TripletLoss(reduction="none")(raw, labels, None, ref, ref_labels)
+    a, p, n = out.indices_tuple
+    assert a.max() < 8 and p.max() < 6 and n.max() < 6
+    assert (labels[a] == ref_labels[p]).all() and (labels[a] != ref_labels[n]).all()
+    brute = [(i, j, k) for i in range(8) for j in range(6) for k in range(6) if labels[i] == ref_labels[j] != ref_labels[k]]
+    assert sorted(zip(a.tolist(), p.tolist(), n.tolist())) == brute   # every (row, ref, ref) triplet, the 'diagonal' too
+
+
+@pytest.mark.parametrize("name", ["lifted", "angular", "npair", "proxyanchor"])
+def test_losses_without_ref_support_refuse_it_in_one_line(name):
+    raw, labels = make_batch(8, 2, True, torch.float64, seed=1)
+    ref, ref_labels = make_reference(6, 2, torch.float64, seed=2)
+    loss = LOSSES.get(name)(num_classes=2, embedding_size=16) if LOSSES.get(name).uses_proxies else LOSSES.get(name)()
+    with pytest.raises(ValueError, match="takes no ref_emb"): loss(raw, labels, None, ref, ref_labels)
+
+
+def test_weights_are_keyword_only():
+    raw, labels = make_batch(8, 2, True, torch.float64, seed=1)
+    with pytest.raises(ValueError, match="weights is keyword-only"): TripletLoss()(raw, labels, None, torch.ones(3))   # 4th: ref_emb, as in PML
+    with pytest.raises(ValueError, match="together"): TripletLoss()(raw, labels, None, raw)

@@ -7,11 +7,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-from dml_book.study import read_log, reference_run, study_variants
+from dml_book.study import read_log, reference_run
+from dml_book.study_design import study_variants
 from dml_book.methods.ala import plot_assessment, assessment_sentence
-from dml_book.methods.hdml import plot_hardness, hardness_sentence, tuple_distances
+from dml_book.methods.hdml import plot_hardness, hardness_sentence, hardness_criterion, tuple_distances
 from dml_book.methods.dcml import plot_compositor_weights, compositor_sentence
-from dml_book.methods.pads import PADS, plot_policy_run, distribution_sentence, distribution_means
+from dml_book.methods.pads import PADS, plot_policy_run, distribution_sentence, distribution_means, critic_sentence, signal_sentence
 from dml_book.methods.dmml import plot_set_distances, set_distance_sentence
 
 RESULTS = Path(__file__).resolve().parents[1]/"results"
@@ -33,11 +34,11 @@ def epoch_mean(steps, key, epoch): return float(np.mean([r[key] for r in steps i
 def test_stored_log_parses_and_matches_metrics(method):
     raw_epochs = raw(method)[1]
     steps, epochs = reference_run(method, root=RESULTS)
-    cfg = study_variants(method)[method]
-    assert list(epochs.epoch) == list(range(cfg.epochs + 1)) and len(steps) and steps.kind.eq("step").all()
-    assert steps.step.is_monotonic_increasing and steps.epoch.max() == cfg.epochs and steps.loss.notna().all()
     folder = RESULTS/method/method/"seed0"
     stored = json.loads((folder/"metrics.json").read_text())
+    n = stored["config"]["epochs"]   # the run's own budget (a study stored before the 30-epoch budget ran 20)
+    assert list(epochs.epoch) == list(range(n + 1)) and len(steps) and steps.kind.eq("step").all()
+    assert steps.step.is_monotonic_increasing and steps.epoch.max() == n and steps.loss.notna().all()
     assert stored["config"]["method"] == method and stored["config"]["seed"] == 0
     assert len(stored["epochs"]) == len(epochs)
     for rec, rrec in zip(stored["epochs"], raw_epochs):   # the log is the run behind these metrics
@@ -71,23 +72,56 @@ def test_pads_sentence_from_the_log():
         assert x in s, (x, s)
 
 
+def test_pads_critic_and_signal_sentences_from_the_log():
+    "The critic's value range and the advantage's agreement with the reward; the correlation of an action's effect with its reward."
+    steps, _ = raw("pads")
+    s = critic_sentence(reference_run("pads", root=RESULTS)[0])
+    upd = [r for r in steps if r.get("value") is not None and r.get("reward") is not None]
+    agree = sum(np.sign(r["advantage"]) == np.sign(r["reward"]) for r in upd)
+    for x in (f"Over {len(upd)} policy updates", f"between {min(r['value'] for r in upd):.2f} and {max(r['value'] for r in upd):.2f}",
+              f"reward's sign in {agree} of the {len(upd)} updates"):
+        assert x in s, (x, s)
+    edges = np.linspace(0.1, 1.4, 31)
+    pol = [r for r in steps if "pads_probs" in r]
+    mean = lambda p: sum(pk * (edges[k] + edges[k + 1]) / 2 for k, pk in enumerate(p))
+    shift = [mean(pol[t - 1]["pads_probs"]) - mean(pol[t - 2]["pads_probs"]) for t in range(2, len(pol))]
+    corr = np.corrcoef(shift, [pol[t]["reward"] for t in range(2, len(pol))])[0, 1]
+    s = signal_sentence(reference_run("pads", root=RESULTS)[0], edges)
+    assert f"Over {len(pol) - 2} rewarded actions" in s and f"correlates with the reward at {corr:+.2f}" in s, s
+    if all("d_an" in r for r in steps):   # logs since the critic fix: the mean sampled distance, M iterations after vs before
+        at = [r["step"] for r in pol]
+        window = lambda lo, hi: np.mean([r["d_an"] for r in steps if lo < r["step"] <= hi])
+        d_shift = [window(at[t - 1], at[t]) - window(at[t - 2], at[t - 1]) for t in range(2, len(pol))]
+        corr = np.corrcoef(d_shift, [pol[t]["reward"] for t in range(2, len(pol))])[0, 1]
+        assert f"that of the mean sampled distance at {corr:+.2f}" in s, s
+
+
 def test_hdml_sentence_from_the_log():
     steps, _ = raw("hdml")
     s = hardness_sentence(reference_run("hdml", root=RESULTS)[0])
     m = lambda k, e: epoch_mean(steps, k, e)
-    for x in (f"λ averages {m('lam', 1):.2f} in epoch 1 and {m('lam', 20):.2f} in epoch 20", f"distance of {m('d_an_syn', 20):.2f}",
-              f"at {m('d_an_hat', 20):.2f}", f"{m('d_an', 20):.2f} for the real negatives", f"{m('d_ap', 20):.2f} for the positives"):
+    num = lambda x: f"{x:.2f}" if abs(x) >= 0.01 or x == 0 else f"{x:.1e}"
+    for x in (f"λ averages {num(m('lam', 1))} in epoch 1 and {num(m('lam', 20))} in epoch 20 ({num(m('lam', 2))} in epoch 2)",
+              f"distance of {m('d_an_syn', 20):.2f}", f"at {m('d_an_hat', 20):.2f}", f"{m('d_an', 20):.2f} for the real negatives",
+              f"{m('d_ap', 20):.2f} for the positives"):
         assert x in s, (x, s)
+    above = sum(m("j_syn", e) > m("j_real", e) for e in range(2, 21))
+    assert f"cost more than the real ones in {above} of the 19 epochs after the first" in s, s
+    if "viol_syn" in steps[0]:
+        assert f"{m('viol_real', 20):.0%} of the real and {m('viol_syn', 20):.0%} of the synthetic triplets violate the margin" in s
+    c = hardness_criterion(reference_run("hdml", root=RESULTS)[0])
+    assert c["met"] == (2 * above >= 19 and m("lam", 20) <= m("lam", 1) / 2) and c["syn_above_real"] == above
 
 
 def test_dcml_sentence_from_the_log():
     _, epochs = raw("dcml")
     w = [np.array(r["compositor_weights"]) for r in epochs if "compositor_weights" in r]
-    assert len(w) == 20 and w[0].shape == (8, 4)
+    n = max(r["epoch"] for r in epochs)   # the run's own budget
+    assert len(w) == n and w[0].shape == (8, 4)
     np.testing.assert_allclose(w[-1].sum(1), 1, atol=1e-5)   # |c| sums to 1 over the learners
     s = compositor_sentence(reference_run("dcml", root=RESULTS)[1])
     lead = sorted({int(np.argmax(row)) for row in w[-1]})
-    for x in (f"{np.mean([row.max() for row in w[0]]):.2f} of its weight at epoch 1", f"{np.mean([row.max() for row in w[-1]]):.2f} at epoch 20",
+    for x in (f"{np.mean([row.max() for row in w[0]]):.2f} of its weight at epoch 1", f"{np.mean([row.max() for row in w[-1]]):.2f} at epoch {n}",
               f"{len(lead)} of the 4 learners", ", ".join(map(str, lead))):
         assert x in s, (x, s)
 
@@ -124,6 +158,15 @@ def test_figures_and_sentences_on_a_tiny_log(tmp_path):
             plot_set_distances(steps)]
     assert all(len(f.axes) >= 2 for f in figs)
     assert len(figs[1].axes[1].lines) == 4 and list(figs[1].axes[1].lines[2].get_ydata()) == [0.6, 0.6, 0.6]
+    assert [len(ax.lines) for ax in figs[1].axes[2:]] == [0, 0] and "not logged" in figs[1].axes[3].texts[0].get_text()   # older logs
+    full = steps.assign(j_real=steps.epoch * 1.0, j_syn=2.0, viol_real=0.25, viol_syn=steps.epoch / 4)
+    fig = plot_hardness(full)
+    assert list(fig.axes[2].lines[1].get_ydata()) == [2.0] * 3 and list(fig.axes[3].lines[1].get_ydata()) == [0.25, 0.5, 0.75]
+    c = hardness_criterion(full)   # epochs 2, 3: J(T~) = 2 is not above J(T) = 2, 3; lambda's 0.7 is not below 0.9 / 2
+    assert (c["syn_above_real"], c["epochs_after_first"], c["met"]) == (0, 2, False)
+    c = hardness_criterion(full.assign(j_syn=2.5, lam=1.0 - 0.45 * (full.epoch - 1)))
+    assert (c["syn_above_real"], c["met"]) == (1, True) and math.isclose(c["lam_last"], 0.1)
+    assert "in 1 of the 2 epochs after the first" in hardness_sentence(full.assign(j_syn=2.5)) and "75% of the synthetic" in hardness_sentence(full)
     plt.close("all")
     np.testing.assert_allclose(distribution_means([[0.5, 0.5, 0.0], [0.0, 0.2, 0.8]], edges), [1.0, 2.3])
     assert "from 0.010 (mean over epoch 1) to 0.030 (epoch 3)" in assessment_sentence(steps, epochs)

@@ -175,3 +175,19 @@ def test_miners_normalize_false_measure_raw_distances():
         assert d[ai, pi] == max(d[ai, j] for j in range(20) if j != ai and labels[j] == labels[ai])
         assert d[ai, ni] == min(d[ai, j] for j in range(20) if labels[j] != labels[ai])
     assert not all(torch.equal(u, v) for u, v in zip(BatchHardMiner(normalize=False)(raw, labels), BatchHardMiner()(raw, labels)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_miners_with_ref_emb_equal_pml(seed):
+    "PML's ref_emb: anchors from the batch, positives and negatives from the reference set (no diagonal to skip)."
+    g = torch.Generator().manual_seed(seed)
+    x, labels = torch.randn(20, 8, generator=g, dtype=torch.float64), torch.randint(0, 4, (20,), generator=g)
+    ref, ref_labels = torch.randn(16, 8, generator=g, dtype=torch.float64), torch.randint(0, 4, (16,), generator=g)
+    assert_same_tuples(SemiHardMiner(0.3)(x, labels, ref, ref_labels),
+                       pml_miners.TripletMarginMiner(margin=0.3, type_of_triplets="semihard")(x, labels, ref, ref_labels))
+    assert_same_tuples(BatchHardMiner()(x, labels, ref, ref_labels), pml_miners.BatchHardMiner()(x, labels, ref, ref_labels))
+    a, p, n = DistanceWeightedMiner()(x, labels, ref, ref_labels)
+    assert (labels[a] == ref_labels[p]).all() and (labels[a] != ref_labels[n]).all() and p.max() < 16
+    pos = (labels[:, None] == ref_labels[None]).sum()
+    assert len(a) <= pos and len(a) > 0
+    with pytest.raises(ValueError, match="dimension"): BatchHardMiner()(x, labels, ref[:, :4], ref_labels)

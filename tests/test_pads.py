@@ -9,7 +9,8 @@ from scipy.stats import chisquare
 
 from dml_book.distances import euclidean
 from dml_book.methods.pads import (PADS, BinnedDistribution, DistanceWeighted, DistributionSampler, SemiHard, bin_index,
-                                   class_distances, init_probs, sample_triplets, validation_split)
+                                   class_distances, init_probs, sample_triplets, validation_split, triplet_stats,
+                                   action_effects, reward_signal, plot_policy_run, critic_sentence)
 from dml_book.methods.pads_policy import (PolicyLearner, TrainingState, apply_actions, log_prob, ppo_objective,
                                           reinforce_objective, reward)
 from dml_book.registry import METHODS
@@ -209,13 +210,33 @@ def test_training_state_layout():
     torch.testing.assert_close(s[96:126], p); assert s[-1].item() == pytest.approx(0.4)
 
 
-def test_a2c_advantage_and_critic_target():
+@pytest.mark.parametrize("critic", ["reward", "metric", "td"])
+def test_a2c_advantage_and_critic_target(critic):
+    """Single-step episodes: V = tanh(z / 2) fitted to r by the log-loss of its sign, A = r - V(s); the official form and
+    TD bootstrap with gamma V(s') and a squared error."""
     torch.manual_seed(0)
-    agent = PolicyLearner(5, 3, hidden=(8,), baseline="a2c", gamma=0.9)
+    agent = PolicyLearner(5, 3, hidden=(8,), baseline="a2c", gamma=0.9, critic=critic)
     s0, s1 = torch.randn(5), torch.randn(5)
-    v0, v1 = agent.policy(s0)[1].item(), agent.policy(s1)[1].item()
-    out = agent.update(s0, torch.tensor([0, 1, 2]), 1.0, s1)
-    assert out["advantage"] == pytest.approx(1.0 + 0.9 * v1 - v0, rel=1e-5)
+    z0, v1 = agent.policy(s0)[1].item(), agent.policy(s1)[1].item()
+    v0 = math.tanh(z0 / 2) if critic == "reward" else z0
+    out = agent.update(s0, torch.tensor([0, 1, 2]), -1.0, s1, metric=0.3)
+    adv, target = {"reward": (-1 - v0, -1.0), "metric": (-1 + 0.9 * v1 - v0, 0.3), "td": (-1 + 0.9 * v1 - v0, -1 + 0.9 * v1)}[critic]
+    assert out["advantage"] == pytest.approx(adv, rel=1e-5) and out["value"] == pytest.approx(v0, rel=1e-5)
+    loss = -math.log((1 - v0) / 2) if critic == "reward" else 0.5 * (v0 - target) ** 2   # r = -1: P(r = -1) = (1 - V) / 2
+    assert out["critic_loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_single_step_critic_learns_the_expected_reward():
+    "A fixed state whose actions earn +1 with probability 0.75: V(s) settles near E[r] = 0.5, inside the reward's range."
+    torch.manual_seed(0); g = torch.Generator().manual_seed(0)
+    agent, s = PolicyLearner(6, 3, hidden=(16,), lr=0.01), torch.randn(6)
+    values = [agent.update(s, agent.act(s, g), 1.0 if torch.rand(1, generator=g).item() < 0.75 else -1.0, s)["value"]
+              for _ in range(300)]
+    assert max(abs(v) for v in values) <= 1.5 and abs(np.mean(values[-100:]) - 0.5) < 0.2
+
+
+def test_metric_critic_needs_the_metric():
+    with pytest.raises(ValueError, match="pass metric=e"): PolicyLearner(5, 3, critic="metric").update(torch.randn(5), torch.tensor([0, 1, 2]), 1.0, torch.randn(5))
 
 
 def test_ema_baseline():
@@ -289,6 +310,10 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="choose from: ppo, reinforce"): PADS(algorithm="dqn")
     with pytest.raises(ValueError, match="choose from: a2c, ema"): PADS(baseline="none")
     with pytest.raises(ValueError, match="lambda_min < lambda_max"): PADS(lambda_min=1.5)
+    with pytest.raises(ValueError, match="choose from: reward, metric, td"): PADS(critic="bootstrap")
+    with pytest.raises(ValueError, match="choose from: binned, distance_weighted"): PADS(sampler="semihard", adapt=False)
+    with pytest.raises(ValueError, match="fixed scheme: set adapt=False"): PADS(sampler="distance_weighted")
+    with pytest.raises(ValueError, match="call setup"): PADS(sampler="distance_weighted", adapt=False).sample(*_batch())
 
 
 def test_registered_with_the_paper_presets():
@@ -297,7 +322,7 @@ def test_registered_with_the_paper_presets():
         p = PADS.presets[name]
         assert (p["loss"], p["loss_kwargs"]["beta"], p["lr_backbone"], p["batch_size"]) == ("margin", beta, 1e-5, 112)  # Sec. 5
         assert p["loss_kwargs"]["per_class"] and p["loss_kwargs"]["learn_beta"]            # Wu et al. / official: beta per class
-        assert p["method_kwargs"]["self_regularization"]                                    # end of Sec. 4.2
+        assert not PADS(**p["method_kwargs"]).self_regularization                            # the official runs: no --policy_include_pos
         ks = (1, 10, 100, 1000) if name == "sop" else (1, 2, 4, 8)                          # official k_vals
         assert p["ks"] == p["method_kwargs"]["recall_ks"] == ks
     assert PADS.presets["sop"]["method_kwargs"]["val_by_class"] is True                   # whole classes on SOP (official)
@@ -344,11 +369,11 @@ def test_setup_splits_off_the_validation_images(tmp_path):
 
 
 def test_static_mode_keeps_the_initial_distribution(tmp_path):
-    "adapt=False: the fixed-distribution baselines (here Wu et al.'s weights on the bins), no validation split."
+    "adapt=False: the fixed-distribution baseline (here Wu et al.'s weights on the bins) holds out the reward split all the same."
     from dml_book.train import Trainer
     tr = Trainer(_cfg(tmp_path, method_kwargs=dict(adapt=False, init="distance", update_every=1)))
     m = tr.method
-    assert len(tr.train_ds) == 901 and not hasattr(m, "val_ds")
+    assert len(tr.train_ds) + len(m.val_ds) == 901 and abs(len(m.val_ds) - 0.15 * 901) < 5
     p0 = m.distribution.probs.clone()
     torch.testing.assert_close(p0, init_probs("distance", m.distribution.centers, dim=16))
     for i, (x, y) in enumerate(tr.loader):
@@ -441,3 +466,119 @@ def test_reward_split_uses_the_evaluation_transform_and_whole_classes_on_small_c
     assert m.metric_keys == ("R@1", "R@2", "NMI", "intra", "inter")           # every Recall@k of the state, NMI, distances
     n_beta = tr.loss_fn.beta.shape[0]   # built before PADS holds out its reward classes: those betas stay unused
     assert n_beta > 1 and max(tr.train_ds.labels) < n_beta                    # one margin beta per training class
+
+
+# ---------------------------------------------------------------- the study's arms, the negatives, the critic in a run
+
+ARMS = {"pads": {}, "fixed": {"adapt": False}, "distance-weighted": {"adapt": False, "sampler": "distance_weighted"}}
+
+
+def test_every_arm_holds_out_the_same_reward_split_and_trains_the_same_steps(tmp_path):
+    "PADS, the fixed initial distribution and distance-weighted sampling: same training images, reward split and steps."
+    from dml_book.train import Trainer
+    trs = {k: Trainer(_cfg(tmp_path / k, loss="margin", method_kwargs=dict(update_every=3, **kw))) for k, kw in ARMS.items()}
+    ref = trs["pads"]
+    assert len(ref.train_ds) + len(ref.method.val_ds) == 901 and len(ref.method.val_ds) > 100
+    for name, tr in trs.items():
+        assert np.array_equal(tr.train_ds.indices, ref.train_ds.indices), name
+        assert np.array_equal(tr.method.val_ds.indices, ref.method.val_ds.indices), name
+        assert np.array_equal(tr.train_ds.labels, ref.train_ds.labels) and tr.steps_per_epoch == ref.steps_per_epoch, name
+        assert [b for _, b in zip(range(3), tr.sampler)] == [b for _, b in zip(range(3), ref.sampler)], name   # same batches
+    assert isinstance(trs["distance-weighted"].method.weighting, DistanceWeighted) and trs["pads"].method.weighting is None
+
+
+def test_distance_weighted_arm_draws_with_wu_et_al_weights(tmp_path):
+    "The arm's negatives follow eq. (2): P(n | a) proportional to min(lambda, q^-1(d)) among the negatives (chi-square)."
+    from dml_book.train import Trainer
+    m = Trainer(_cfg(tmp_path, embedding_dim=16, method_kwargs=ARMS["distance-weighted"])).method
+    emb, lab = _batch(n_classes=8, per_class=4, dim=16, seed=4)
+    D, neg = euclidean(emb), lab[:, None] != lab[None]
+    w = DistanceWeighted(16)(D) * neg
+    P = (w / w.sum(1, keepdim=True))[0]                            # anchor 0's distribution over the batch
+    counts = torch.zeros(len(lab))
+    for _ in range(1500):
+        a, p, n = m.sample(emb, lab)
+        counts[n[a == 0]] += 1
+    keep = P * counts.sum() >= 5
+    assert counts[~neg[0]].sum() == 0 and chisquare(counts[keep], P[keep] * counts[keep].sum() / P[keep].sum()).pvalue > 0.01
+
+
+def test_no_sampled_negative_shares_the_anchor_label():
+    "Defaults: only other labels are candidates, so the share is 0; self-regularisation (off by default) makes it positive."
+    g = torch.Generator().manual_seed(0)
+    dist = BinnedDistribution(init_probs("uniform_low", BinnedDistribution().centers))
+    shares = {False: [], True: []}
+    for seed in range(40):
+        cen = F.normalize(torch.randn(16, 32, generator=g), dim=1)
+        emb = F.normalize(cen.repeat_interleave(2, 0) + 0.08 * torch.randn(32, 32, generator=g), dim=1)   # pairs ~0.3-0.5 apart
+        lab = torch.arange(16).repeat_interleave(2)
+        for on in shares:
+            a, p, n = sample_triplets(emb, lab, dist, self_regularization=on, generator=g)
+            shares[on].append(triplet_stats(emb, lab, (a, p, n))["same_label_negatives"])
+            if not on: assert (lab[a] != lab[n]).all() and len(a) == 32
+    assert max(shares[False]) == 0 and np.mean(shares[True]) > 0.3
+    assert PADS().self_regularization is False
+
+
+def test_triplet_stats_by_hand():
+    emb = torch.tensor([[0., 0], [3, 4], [0, 1], [1, 0]])
+    lab = torch.tensor([0, 0, 0, 1])
+    s = triplet_stats(emb, lab, (torch.tensor([0, 0]), torch.tensor([1, 1]), torch.tensor([2, 3])))
+    assert s == {"triplets": 2, "same_label_negatives": 0.5, "d_ap": 5.0, "d_an": 1.0}
+    empty = torch.tensor([], dtype=torch.long)
+    assert triplet_stats(emb, lab, (empty,) * 3)["triplets"] == 0
+
+
+def test_a_run_logs_the_critic_and_the_triplets_and_keeps_the_value_bounded(tmp_path):
+    "Every iteration logs triplet_stats (no same-label negative); every policy step value, advantage, reward, critic loss."
+    from dml_book.train import train
+    train(_cfg(tmp_path, loss="margin"))
+    log = [json.loads(l) for l in open(tmp_path / "log.jsonl")]
+    steps = [r for r in log if r["kind"] == "step"]
+    assert all(r["same_label_negatives"] == 0 and r["triplets"] > 0 and 0 < r["d_ap"] and 0 < r["d_an"] for r in steps)
+    rewarded = [r for r in steps if "reward" in r]
+    assert len(rewarded) == 18 // 3 - 1
+    for r in rewarded:
+        assert abs(r["value"]) < 1 and r["advantage"] == pytest.approx(r["reward"] - r["value"], abs=1e-5)
+        up, v = (1 + r["reward"]) / 2, r["value"]     # the log-loss of r's sign under P(r = +1) = (1 + V) / 2, twice half of it
+        assert r["critic_loss"] == pytest.approx(-up * math.log((1 + v) / 2) - (1 - up) * math.log((1 - v) / 2), rel=1e-4)
+
+
+def test_action_effects_line_up_each_reward_with_the_action_it_scores(tmp_path):
+    "From a real log: reward at policy step t, p's mean shift from step t-2 to t-1, sampled d(a, n) windows by brute force."
+    from dml_book.train import train
+    from dml_book.study import read_log
+    from dml_book.methods.pads import distribution_means
+    train(_cfg(tmp_path, epochs=3))
+    steps, _ = read_log(tmp_path / "log.jsonl")
+    edges = PADS().distribution.edges.numpy()
+    fx = action_effects(steps, edges)
+    pol = [r for _, r in steps.iterrows() if isinstance(r.pads_probs, list)]
+    assert len(fx) == len(pol) - 2 and list(fx.step) == [int(r.step) for r in pol[2:]]
+    for t, row in zip(range(2, len(pol)), fx.itertuples()):
+        mu = distribution_means([pol[t - 1].pads_probs, pol[t - 2].pads_probs], edges)
+        assert row.reward == pol[t].reward and row.p_shift == pytest.approx(mu[0] - mu[1])
+        d = dict(zip(steps.step, steps.d_an))
+        before = np.mean([d[s] for s in range(int(pol[t - 2].step) + 1, int(pol[t - 1].step) + 1)])
+        after = np.mean([d[s] for s in range(int(pol[t - 1].step) + 1, int(pol[t].step) + 1)])
+        assert row.d_an_shift == pytest.approx(after - before)
+    sig = reward_signal(steps, edges)
+    assert sig["actions"] == len(fx) and -1 <= sig["p_shift"] <= 1 and -1 <= sig["d_an_shift"] <= 1
+
+
+def test_policy_run_figure_reads_new_and_old_logs(tmp_path):
+    "The reference-run figure: three panels from a new log; an old log without critic values still draws (empty critic panel)."
+    import matplotlib.pyplot as plt
+    from dml_book.train import train
+    from dml_book.study import read_log
+    train(_cfg(tmp_path, epochs=1))
+    steps, _ = read_log(tmp_path / "log.jsonl")
+    edges = PADS().distribution.edges.numpy()
+    fig = plot_policy_run(steps, edges)
+    critic_ax = fig.axes[2]
+    assert len(critic_ax.lines) == 2 and len(critic_ax.patches) >= 2 and critic_ax.get_yscale() == "symlog"
+    old = steps.drop(columns=["value", "advantage", "reward", "critic_loss", "d_an", "d_ap", "same_label_negatives"])
+    fig = plot_policy_run(old, edges)
+    assert "no critic values" in fig.axes[2].texts[0].get_text() and critic_sentence(old) == "This log holds no critic values."
+    assert "in 2 of the 2 updates" in critic_sentence(steps)   # 9 steps, M = 3: 3 policy steps, 2 rewarded; |V| < 1: A has r's sign
+    plt.close("all")

@@ -69,13 +69,17 @@ HDML_PAPER = dict(
     epochs=120,                                              # not in the paper; official 8000 iterations ~ 120 epochs
     lr_schedule="multistep", lr_gamma=0.5,                   # not in the paper; official: halved at iterations 5632, 6848
     lr_milestones=(84, 103), lr_step_per="epoch")            # ... = 70% and 86% of training: epochs 84 and 103 of 120
-HDML_FACTORS = dict(beta=1e4, gen_lambda=0.5,                # Sec. 4.2: beta = 1e4, lambda = 0.5
+HDML_FACTORS = dict(beta=1e4, gen_lambda=0.5,                # Sec. 4.2: beta = 1e4, lambda = 0.5 (official FLAGS.py l. 39, 44)
                     lr_gen=1e-3, lr_softmax=1e-3,            # Sec. 4.2: the FC layers at 10 x 1e-4 (official gen: 1e-2)
-                    window=64)                               # official: J_avg over windows of 64 steps
+                    window=64,                               # official lib/nn_Ops.py l. 196: J_avg over blocks of 64 steps
+                    j_m="official",                          # official main_triplet.py l. 70, 112, 182: J_avg of w (J + weight decay)
+                    softmax_factor=1e4,                      # official FLAGS.py l. 38 (Softmax_factor), main_triplet.py l. 120
+                    recon_weight=0.5)                        # official main_triplet.py l. 118: (1 - _lambda) J_recon
 HDML_LOSS = {
     "triplet": dict(loss="triplet", batch_size=120,                                     # Sec. 4.2: batches of 120
-                    loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"),        # official: margin 1, squared, sum
-                    method_kwargs=dict(HDML_FACTORS, pulling_factor=7.0,                # Sec. 4.2: alpha = 7 (triplet)
+                    loss_kwargs=dict(margin=1.0, squared=True, reduction="sum",         # official Loss_ops.py l. 164-168: margin 1,
+                                     normalize=False),                                  # squared, summed, on the raw embeddings
+                    method_kwargs=dict(HDML_FACTORS, pulling_factor=7.0,                # Sec. 4.2: alpha = 7 (triplet; official 90)
                                        triplet_batches=True)),                          # official: 40 triplets a batch
     "npair": dict(loss="npair", batch_size=128, m_per_class=2,                          # Sec. 4.2: 128; pairs per class
                   loss_kwargs=dict(l2_reg=3e-3 / 4, normalize=False),                   # official loss_l2_reg 3e-3 x 1/4, raw z
@@ -87,9 +91,24 @@ HDML_ABLATIONS = {"no-softmax": dict(softmax=False),      # Table 4 / Fig. 5: wi
                   "baseline": dict(synthesize=False)}     # the baseline rows: the same tuples, no synthesis
 
 
+# The study's arms on the built-in glyphs: the official schedule and loss on the library's normalised embeddings.
+HDML_GLYPHS = dict(loss="triplet",
+                   loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"),   # official Loss_ops.py l. 164-168
+                   method_kwargs=dict(j_m="official", window=64,                  # official main_triplet.py l. 182, nn_Ops.py l. 196
+                                      pulling_factor=90.0))                       # official FLAGS.py l. 41
+HDML_GLYPHS_ARMS = {"": {}, "-baseline": dict(synthesize=False),                 # Sec. 4.3: the same tuples without synthesis
+                    "-no-softmax": dict(softmax=False),                          # Sec. 4.3, Figs. 4-5: without J_soft
+                    "-alpha7": dict(pulling_factor=7.0),                         # Sec. 4.2: the paper's alpha for the triplet loss
+                    "-alpha30": dict(pulling_factor=30.0)}                       # between 7 and 90 (Figs. 6-7 vary alpha)
+
+
 def test_hdml_presets():
     names = {f"paper-{l}" for l in HDML_LOSS} | {f"paper-{l}-{a}" for l in HDML_LOSS for a in HDML_ABLATIONS}
-    assert set(METHODS.get("hdml").presets) == names
+    assert set(METHODS.get("hdml").presets) == names | {f"glyphs{a}" for a in HDML_GLYPHS_ARMS}
+    for arm, flip in HDML_GLYPHS_ARMS.items():
+        check("hdml", f"glyphs{arm}", method="hdml", backbone="smallcnn", normalize=True,
+              **(HDML_GLYPHS | dict(method_kwargs=HDML_GLYPHS["method_kwargs"] | flip)))
+        assert preset_config("hdml", f"glyphs{arm}").method_kwargs == HDML_GLYPHS["method_kwargs"] | flip
     for loss, kw in HDML_LOSS.items():
         check("hdml", f"paper-{loss}", **HDML_PAPER, **kw)
         for abl, flip in HDML_ABLATIONS.items():
@@ -128,7 +147,9 @@ DCML_ABLATIONS = {"no-compositor": dict(use_compositor=False), "no-rein": dict(u
                   "no-jt": dict(jt_trains_compositor=False), "no-discriminative": dict(use_discriminative=False),
                   "fc-compositor": dict(fc_compositor=True), "relu-weighting": dict(compositor_weighting="relu"),  # Table 2
                   "no-tanh": dict(use_sign=False),
-                  "no-subtasks": dict(use_subtasks=False)}                      # not a row of the paper
+                  "no-subtasks": dict(use_subtasks=False),                      # not a row of the paper
+                  "subtask-mean": dict(lambda_m=1 / 8),                          # not a row: lambda_m = 1/M, M = 8
+                  "normalised-learners": dict(normalize_learners=True)}          # neither paper nor official code
 
 
 def test_dcml_presets():
@@ -181,7 +202,8 @@ def test_pads_presets():
                                  val_fraction=0.15,                        # Sec. 5: 15% of the training images
                                  val_by_class=r["by_class"],               # SOP: whole classes (see the chapter)
                                  init="uniform_low",                       # Sec. 4.2: leaning to small distances; official
-                                 recall_ks=r["ks"], self_regularization=True))
+                                 recall_ks=r["ks"]))                      # self-regularisation off: the method's default,
+    assert not METHODS.get("pads")(**preset_config("pads", "cub200").method_kwargs).self_regularization   # as in SAMPLE_RUNS.sh
 
 
 def test_pads_preset_method_kwargs_are_the_defaults_for_the_bins():
@@ -201,13 +223,12 @@ DMML_PAPER = dict(
     optimizer="adam", weight_decay=1e-4,                     # Sec. 3.2: Adam, L2 weight decay 0.0001
     epochs=1200,                                             # not in the paper: official demo.sh --num_epochs 1200
     batch_size=32 * 6,                                       # an episode: 32 identities x (5 support + 1 query)
-    **CONSTANT,                                              # the schedule is the method's own lr_decay (below)
+    lr_schedule="half_exp", lr_final_fraction=0.005,          # Sec. 3.2: constant, then exponential to 0.005 x (the run's)
     method_kwargs=dict(n_classes=32, n_support=5,            # Sec. 3.2: M = 32, n_s = 5
                        n_query=1,                            # not in the paper: official --num_query 1
                        distance="hard",                      # Sec. 3.1, eq. (10): hard mining distance (official default)
                        margin=0.4, variant="negative",       # Sec. 3.2: tau = 0.4 in the negative-margin eq. (7)
                        scale=1.0,                            # Sec. 3.2: squared Euclidean distance, unscaled
-                       lr_decay=True,                        # Sec. 3.2: constant, then exponential to 0.005 x
                        flip_test=True))                      # official eval.py: flipped test images summed
 DMML_DATA = {"market1501": ("reid256x128", 751),             # Sec. 4.1: 256 x 128, flips, random erasing; 751 ids
              "dukemtmc": ("reid256x128", 702),               # Sec. 4.1: 702 training identities

@@ -1,6 +1,6 @@
 """The book as a site: Quarto configuration and sidebar (checked without Quarto), `nbdev-proc-nbs`, and the offline
 preview (tools/preview.py) rendered by a headless Chromium."""
-import os, re, shutil, subprocess, sys
+import json, os, re, shutil, subprocess, sys
 from pathlib import Path
 import pytest, yaml
 
@@ -117,3 +117,64 @@ def test_chromium_renders_the_index_and_a_method_chapter_with_figures(preview, c
     chapter = _screenshot(chromium, page.as_uri() + "#figure", shots/"methods.hdml.png")
     ink, colours = _ink(chapter)
     assert ink > 0.05 and colours > 200, (ink, colours)   # a plotted figure, not text alone or an error page
+
+
+# Links and equations work offline: every local link of the book names a page of it, and the preview's pages load
+# MathJax (and nothing else) from the preview itself.
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _book_pages() -> set[str]:
+    sys.path.insert(0, str(ROOT/"tools"))
+    from preview import page_name
+    return {"index.html" if e == "index.ipynb" else page_name(e) for e in _sidebar_entries()}
+
+
+def test_notebook_links_name_pages_of_the_book():
+    "A markdown link to another chapter names its page (`inference.html`), which Quarto and the preview both serve."
+    import posixpath
+    pages, bad = _book_pages(), []
+    for nb in [*NBS.glob("*.ipynb"), *(NBS/"experiments").glob("*.ipynb")]:
+        here = posixpath.dirname(str(nb.relative_to(NBS)))
+        for cell in json.loads(nb.read_text())["cells"]:
+            if cell["cell_type"] != "markdown": continue
+            for link in _LINK.findall("".join(cell["source"])):
+                if link.startswith(("http:", "https:", "#", "mailto:")): continue
+                target = posixpath.normpath(posixpath.join(here, link.split("#")[0]))
+                if target.endswith(".ipynb") or (target not in pages and not (NBS/target).exists()): bad.append(f"{nb.name}: {link}")
+    assert not bad, bad
+
+
+def _local_refs(page: str) -> list[str]:
+    return [u for u in re.findall(r'(?:src|href)="([^"]+)"', page) if not u.startswith(("#", "data:", "mailto:"))]
+
+
+def test_a_preview_page_needs_no_network(tmp_path):
+    "One chapter rendered as the preview renders it: its scripts are local, and MathJax is there to load."
+    import nbformat
+    from nbconvert import HTMLExporter
+    sys.path.insert(0, str(ROOT/"tools"))
+    from preview import render, mathjax_source, _clean
+    nb = _clean(nbformat.read(str(NBS/"03_distances.ipynb"), as_version=4))
+    assert "$" in "".join(c.source for c in nb.cells if c.cell_type == "markdown")   # a chapter with equations
+    (tmp_path/"experiments").mkdir(); shutil.copytree(mathjax_source(), tmp_path/"mathjax")
+    for name, prefix in (("distances.html", ""), ("experiments/x.html", "../")):
+        page = render(HTMLExporter(template_name="lab"), nb, "Distances", prefix, None, None)
+        refs = _local_refs(page)
+        assert not [u for u in refs if u.startswith(("http:", "https:", "//"))], refs
+        mj = [u for u in refs if "MathJax.js" in u]
+        assert len(mj) == 1 and (tmp_path/name).parent.joinpath(mj[0].split("?")[0]).resolve().is_file(), mj
+    assert (tmp_path/"mathjax"/"config"/"TeX-AMS-MML_HTMLorMML-full.js").is_file()
+
+
+@pytest.mark.slow
+def test_preview_has_no_broken_local_link(preview):
+    "Every href and src of every page of the preview, followed: a file of the preview (anchors aside), or a web address."
+    bad = []
+    for page in [*preview.glob("*.html"), *preview.glob("experiments/*.html")]:
+        for ref in _local_refs(page.read_text()):
+            if ref.startswith(("http:", "https:")):
+                assert "mathjax" not in ref.lower() and "require" not in ref, (page.name, ref)   # nothing the page needs
+                continue
+            if not (page.parent/ref.split("#")[0].split("?")[0]).resolve().exists(): bad.append(f"{page.name}: {ref}")
+    assert not bad, bad

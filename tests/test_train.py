@@ -78,7 +78,7 @@ def test_lr_schedule_follows_torch_and_resumes_exactly_mid_schedule(tmp_path, on
     from dml_book.train import Trainer
     full = Trainer(epochs=3, out=str(tmp_path/"full"), **SCHED); full.fit()
     lrs = [r["lr"][0] for r in full.history if r["kind"] == "epoch" and "lr" in r]
-    assert lrs == [1e-3 * 0.5 ** (3 * e // 2) for e in (1, 2, 3)]   # StepLR after 3, 6, 9 iterations, halving every 2
+    assert lrs == [1e-3 * 0.5 ** (3 * (e - 1) // 2) for e in (1, 2, 3)]   # each epoch's first rate: StepLR after 0, 3, 6 iterations, halving every 2
     Trainer(epochs=1, out=str(tmp_path/"cut"), **SCHED).fit()          # interrupted after the first epoch ...
     cut = Trainer(epochs=3, out=str(tmp_path/"cut"), **SCHED); cut.fit()  # ... resumed from its checkpoint
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]
@@ -88,8 +88,42 @@ def test_lr_schedule_follows_torch_and_resumes_exactly_mid_schedule(tmp_path, on
 
 def test_bad_lr_schedule_is_named(tmp_path):
     from dml_book.train import Trainer, ConfigError
-    with pytest.raises(ConfigError, match="lr_schedule='cosine' is invalid: expected constant, step, multistep or exponential"):
-        Trainer(**{**SCHED, "lr_schedule": "cosine"}, out=str(tmp_path))
+    with pytest.raises(ConfigError, match="lr_schedule='linear' is invalid: expected constant, step, multistep, exponential, cosine or half_exp"):
+        Trainer(**{**SCHED, "lr_schedule": "linear"}, out=str(tmp_path))
+
+
+COSINE = {**SCHED, "lr_schedule": "cosine", "lr_warmup_epochs": 1, "lr_final_fraction": 0.01}
+
+
+@pytest.mark.parametrize("per", ["epoch", "iteration"])
+def test_cosine_schedule_ends_at_its_final_fraction_and_resumes_exactly(tmp_path, one_thread, per):
+    from dml_book.train import Trainer
+    cfg = {**COSINE, "lr_step_per": per}
+    full = Trainer(epochs=4, out=str(tmp_path/"full"), **cfg); full.fit()
+    lrs = [r["lr"][0] / 1e-3 for r in full.history if r["kind"] == "epoch" and "lr" in r]
+    if per == "epoch":   # the rate each epoch trained with: warm-up to half the peak, the peak, then half a cosine to 1%
+        np.testing.assert_allclose(lrs, [0.5, 1.0, 0.01 + 0.99 * 0.5 * (1 + np.cos(np.pi / 2)), 0.01])
+    else:                # 3 iterations an epoch: epoch 1 starts the 3-iteration warm-up at 1/4, epoch 4 starts at the last third
+        np.testing.assert_allclose(lrs[0], 0.25); assert lrs[1] == pytest.approx(1.0)
+        assert lrs[-1] == pytest.approx(0.01 + 0.99 * 0.5 * (1 + np.cos(np.pi * 6 / 8)))
+    class Stop(Exception): pass
+    cut = Trainer(epochs=4, out=str(tmp_path/"cut"), **cfg)
+    save = cut.save_checkpoint
+    def save_then_stop():
+        save()
+        if cut.epoch == 2: raise Stop   # interrupted after epoch 2, mid-schedule
+    cut.save_checkpoint = save_then_stop
+    with pytest.raises(Stop): cut.fit()
+    resumed = Trainer(epochs=4, out=str(tmp_path/"cut"), **cfg); resumed.fit()
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]
+    assert strip(resumed.history) == strip(full.history)   # same rates, losses and metrics, bit for bit
+
+
+def test_cosine_schedule_refuses_a_resume_with_another_length(tmp_path, one_thread):
+    from dml_book.train import Trainer, ConfigError
+    Trainer(epochs=1, out=str(tmp_path), **COSINE).fit()
+    with pytest.raises(ConfigError, match="differs in: epochs, which sets the length of the lr_schedule"):
+        Trainer(epochs=3, out=str(tmp_path), **COSINE).fit()
 
 
 def test_frozen_batchnorm_keeps_a_resnet18s_statistics_and_affine_parameters(one_thread):

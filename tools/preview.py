@@ -6,7 +6,9 @@
    `dml-book experiment NAME --out-dir OUT/runs/NAME` (the executed notebook is saved beside its results);
 3. pages: each executed notebook becomes one HTML page with `jupyter nbconvert` (hidden cells and nbdev directives
    removed, figures embedded), named as nbdev names them (`20_methods.ala.ipynb` -> `methods.ala.html`), in the
-   reading order of nbs/sidebar.yml, with an index page linking the chapters in order.
+   reading order of nbs/sidebar.yml, with an index page linking the chapters in order. The pages need no network:
+   equations are typeset by a copy of MathJax 2.7 from the `jupyter-server-mathjax` package (a dev dependency) in
+   OUT/site/mathjax/, and nbconvert's require.js (for widgets, which the book has none of) is left out.
 
 `OUT/stamp.json` records a hash of the sources the preview was built from; `--if-stale` rebuilds only when they changed.
 """
@@ -55,7 +57,20 @@ def execute_chapters(out: Path, n_workers: int = 2) -> Path:
     r = subprocess.run([str(BIN/"nbdev-test"), "--n-workers", str(n_workers), "--timing", "--save", str(dest)], cwd=ROOT)
     if r.returncode: sys.exit(f"preview: nbdev-test failed on the chapters (exit {r.returncode})")
     print(f"preview: chapters executed in {time.time() - t0:.0f} s")
+    for w in stray_warnings(dest): print(f"preview: a chapter printed a warning: {w}")   # each one is a chapter to fix
     return dest
+
+
+def stray_warnings(executed: Path) -> list[str]:
+    "Warnings the executed chapters printed (stderr outputs that name a Warning): `chapter.ipynb: first line`."
+    import nbformat
+    found = []
+    for nb_path in sorted(executed.glob("*.ipynb")):
+        for c in nbformat.read(str(nb_path), as_version=4).cells:
+            for o in c.get("outputs", []):
+                text = o.get("text", "") if o.get("output_type") == "stream" and o.get("name") == "stderr" else ""
+                if "Warning" in text: found.append(f"{nb_path.name}: {text.strip().splitlines()[0][:160]}")
+    return found
 
 
 def run_experiments(out: Path) -> Path:
@@ -107,6 +122,30 @@ def _title(nb) -> str:
     return "untitled"
 
 
+MATHJAX_CONFIG = "TeX-AMS-MML_HTMLorMML-full,Safe"   # a configuration the packaged MathJax ships
+
+def mathjax_source() -> Path:
+    "The folder of MathJax 2.7 that the `jupyter-server-mathjax` package ships (MathJax.js, config/, jax/, fonts/)."
+    try: import jupyter_server_mathjax
+    except ImportError: sys.exit("preview: equations need a local MathJax: pip install jupyter-server-mathjax (make install)")
+    return Path(jupyter_server_mathjax.__file__).parent/"static"
+
+
+def offline(body: str) -> str:
+    "A page without nbconvert's CDN require.js (needed only by widgets)."
+    return re.sub(r'<script src="https://[^"]*require[^"]*"></script>\s*', "", body)
+
+
+def render(exporter, nb, title: str, prefix: str, prev: tuple | None, nxt: tuple | None) -> str:
+    "One notebook as a page that needs no network: MathJax from `<prefix>mathjax/`, the navigation bar, the first figure marked."
+    exporter.mathjax_url = f"{prefix}mathjax/MathJax.js?config={MATHJAX_CONFIG}"
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    body = offline(body)
+    body = re.sub(r'<img (?=[^>]*src="data:image/png)', '<img id="first-figure" ', body, count=1)
+    body = body.replace("</body>", _FIGURE_VIEW + "</body>", 1)
+    return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + _nav(prefix, prev, nxt), body, count=1)
+
+
 def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
     "One HTML page per notebook in reading order, plus the index; returns the pages built."
     import nbformat
@@ -114,6 +153,7 @@ def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
     site = out/"site"
     shutil.rmtree(site, ignore_errors=True); (site/"experiments").mkdir(parents=True)
     exporter = HTMLExporter(template_name="lab")
+    shutil.copytree(mathjax_source(), site/"mathjax")
     pages = []
     for section, nbs in reading_order():
         for rel in nbs:
@@ -125,12 +165,8 @@ def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
         prefix = "../" * p["page"].count("/")
         prev = (pages[i-1]["page"], pages[i-1]["title"]) if i else None
         nxt = (pages[i+1]["page"], pages[i+1]["title"]) if i + 1 < len(pages) else None
-        body, _ = exporter.from_notebook_node(p.pop("nb"), resources={"metadata": {"name": p["title"]}})
-        body = re.sub(r'<img (?=[^>]*src="data:image/png)', '<img id="first-figure" ', body, count=1)
-        body = body.replace("</body>", _FIGURE_VIEW + "</body>", 1)
-        body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + _nav(prefix, prev, nxt), body, count=1)
         name = "home.html" if p["notebook"] == "index.ipynb" else p["page"]
-        (site/name).write_text(body)
+        (site/name).write_text(render(exporter, p.pop("nb"), p["title"], prefix, prev, nxt))
         p["file"] = name
     _write_index(site, pages)
     shutil.copy(NBS/"styles.css", site/"styles.css")
@@ -153,7 +189,7 @@ code,pre{{background:#f4f4f4}}pre{{padding:.6em}}</style></head><body>
 <h1>dml_book</h1>
 <p><b>A literate, executable book on deep metric learning — adaptive sampling and meta-learning — and the PyTorch library
 extracted from it.</b> Every chapter is a notebook and a module of the <code>dml_book</code> package: the base (data, samplers,
-losses, miners, metrics, models, training), then five methods (ALA, HDML, DCML, PADS, DMML), then experiments that run each
+losses, miners, metrics, models, training), then the published methods, a chapter each, then experiments that run each
 paper's protocol and ablations and compare them with the numbers the paper reports.</p>
 <p>This is the offline preview, built without Quarto from the executed notebooks (<code>make preview</code>); the site itself
 is built with <code>make docs</code> (<code>nbdev-docs</code>, which needs Quarto). Start with <a href="home.html">the home page</a>.</p>

@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/data.core.html.md"""
 
 # %% ../../nbs/01d_data.core.ipynb #22da15f4
 from __future__ import annotations
-import inspect, os
+import inspect, json, os
 from collections import defaultdict
 from pathlib import Path
 from typing import Literal
@@ -15,14 +15,16 @@ from PIL import Image
 import torch
 from torch.utils.data import Dataset
 from ..registry import DATASETS, ConfigError, check_choice, quote
+from ..files import FileError, read_json, write_json
 from .download import Archive, fetch_archives
 from .transforms import get_transform
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['Decoder', 'DECODERS', 'EvalProtocol', 'DatasetNotFoundError', 'ImageReadError', 'load_image', 'check_pixels',
-           'load_tensor', 'find_root', 'check_files', 'inside', 'ImageFileDataset', 'LabelledSubset', 'build_split',
-           'check_evaluation', 'preprocessing_spec']
+__all__ = ['Decoder', 'DECODERS', 'EvalProtocol', 'RUN_RECORD', 'RUN_RECORD_SCHEMA', 'DatasetNotFoundError', 'ImageReadError',
+           'load_image', 'check_pixels', 'load_tensor', 'find_root', 'check_files', 'inside', 'ImageFileDataset',
+           'LabelledSubset', 'build_split', 'dataset_protocol', 'check_evaluation', 'preprocessing_spec',
+           'record_training_split', 'RunRecord']
 
 # %% ../../nbs/01d_data.core.ipynb #87877b07
 class DatasetNotFoundError(FileNotFoundError):
@@ -70,7 +72,7 @@ def load_tensor(path, # an image file
     return t if t is not None else _pil_to_tensor(load_image(path))
 
 def _pil_to_tensor(im: Image.Image) -> torch.Tensor:
-    return torch.from_numpy(np.asarray(im)).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(np.array(im)).permute(2, 0, 1).contiguous()   # a copy: PIL's buffer is read-only
 
 Decoder = Literal["pil", "torchvision"]   # how image files are read (`TrainConfig.decoder`): PIL, or torchvision.io to tensors
 DECODERS = {"pil": load_image, "torchvision": load_tensor}   # a reader for each `Decoder`
@@ -255,6 +257,12 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
     if transform is not None and tensor: ds.decoder = "torchvision"   # built-in data: nothing to decode
     return ds
 
+def dataset_protocol(cfg, # a `TrainConfig`: dataset, data_root
+                    ) -> EvalProtocol:
+    "How `cfg.dataset` is evaluated: its class's `protocol`, or what its `protocol_of(data_root)` reads from the data (a CSV's flags)."
+    cls = DATASETS.get(cfg.dataset)
+    return cls.protocol_of(cfg.data_root) if hasattr(cls, "protocol_of") else cls.protocol
+
 # %% ../../nbs/01d_data.core.ipynb #e15b9a67
 def _paths(ds) -> list | None:
     "The image files of a dataset, or of a `LabelledSubset` of one (None for in-memory data)."
@@ -275,6 +283,7 @@ def check_evaluation(train, # the training split (None: nothing to compare with)
     train_paths = _paths(train) if train is not None else None
     seen = {os.path.normpath(str(p)) for p in train_paths} if train_paths is not None else set()
     for name, ds in splits.items():
+        if getattr(ds, "blank", False): continue   # a served run's stand-in (`RunRecord`): nothing is evaluated on it
         present = _classes(ds)
         if name != "query" and len(present) < 2:
             raise ConfigError(f"the {name} split has {len(present)} class ({quote(sorted(present))}): every metric would read 1.0; "
@@ -315,3 +324,47 @@ def preprocessing_spec(cfg, # the run's `TrainConfig` (its dataset registered: `
     if sample is None: sample = build_split(cfg, "train", False)[0][0]
     c, h, w = sample.shape
     return dict(mode="L" if c == 1 else "RGB", resize=[h, w], center_crop=None, mean=None, std=None, interpolation="bilinear")
+
+# %% ../../nbs/01d_data.core.ipynb #5ba10d21
+RUN_RECORD = "data.json"   # in a run folder: what its network was built from, without the images
+
+def record_training_split(ds, # the run's training split (`LabelledSubset`s of it are unwrapped)
+                          eval_size: int, # items of the run's test gallery (a served run's `ks` are checked against it)
+                          out, # the run folder
+                         ) -> Path:
+    "Write `out/data.json`: the labels, class names and image shape of the training split (atomically, by `write_json`)."
+    while hasattr(ds, "dataset") and hasattr(ds, "indices"): ds = ds.dataset
+    rec = dict(version=1, labels=np.asarray(ds.labels).tolist(), class_names=[str(n) for n in ds.class_names],
+               shape=list(ds[0][0].shape), eval_size=int(eval_size))
+    return write_json(Path(out)/RUN_RECORD, rec, fix="choose another --out")   # whole or absent, never through a link
+
+# %% ../../nbs/01d_data.core.ipynb #046033f8
+_count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
+RUN_RECORD_SCHEMA = {   # how `data.json` is read back (`dml_book.files.read_json`)
+    "version": (lambda v: v == 1, "1"),
+    "labels": (lambda v: isinstance(v, list) and len(v) > 0 and all(map(_count, v)), "a non-empty list of class indices"),
+    "class_names": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(n, str) for n in v), "a non-empty list of names"),
+    "shape": (lambda v: isinstance(v, list) and len(v) == 3 and all(_count(x) and 1 <= x <= 1 << 16 for x in v), "[channels, height, width]"),
+    "eval_size": (_count, "a non-negative integer")}
+
+@DATASETS.register("_run")
+class RunRecord(Dataset):
+    "A run's training split as its `data.json` records it: the labels, and blank images of the recorded shape."
+    protocol = "retrieval"
+    blank = True   # its evaluation splits are stand-ins: `check_evaluation` has nothing to judge
+    def __init__(self, root, # the run folder
+                 split: str = "train", # train; any other split: the recorded number of blank test items
+                 transform=None): # unused: the images are blank tensors already
+        path = Path(root)/RUN_RECORD
+        if not path.is_file(): raise DatasetNotFoundError(f"{path} is missing: the run predates runs that record their training split")
+        rec = read_json(path, RUN_RECORD_SCHEMA, "train the run again to rewrite it, or delete it to serve the run from its data",
+                        max_bytes=256 << 20)
+        if max(rec["labels"]) >= len(rec["class_names"]):
+            raise FileError(f"{path}: a label has no class name ({len(rec['class_names'])} names); train the run again to rewrite it")
+        self.shape, train = tuple(rec["shape"]), split == "train"
+        self.labels = np.asarray(rec["labels"] if train else np.zeros(rec["eval_size"]), dtype=np.int64)
+        self.class_names = rec["class_names"] if train else ["blank"]
+    def __len__(self): return len(self.labels)
+    def __getitem__(self, i): return torch.zeros(self.shape), int(self.labels[i])
+    @classmethod
+    def default_transform(cls, train: bool): return None   # in memory: nothing to decode

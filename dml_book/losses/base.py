@@ -1,4 +1,4 @@
-"""One call convention for every loss: `loss(embeddings, labels, indices_tuple=None, weights=None)`, four reductions.
+"""One call convention for every loss: `loss(embeddings, labels, indices_tuple=None, ref_emb=None, ref_labels=None, *, weights=None)` as in PML, four reductions.
 
 Docs: https://dml-book.github.io/dml_book/losses.base.html.md"""
 
@@ -11,13 +11,13 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from ..distances import check_batch, check_tuple
+from ..distances import check_batch, check_tuple, pair_masks
 from ..registry import check_choice
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LossOutput', 'Reduction', 'as_reduction', 'reduce_losses', 'masked_reduce', 'NonFiniteError', 'check_finite',
-           'BaseLoss']
+           'BaseLoss', 'check_reference', 'join_reference', 'split_reference']
 
 # %% ../../nbs/04_losses.base.ipynb #61a5bf43
 class LossOutput(NamedTuple):
@@ -88,6 +88,7 @@ def check_finite(embeddings: Tensor, # (B, D) the batch to check
 class BaseLoss(nn.Module):
     "Base of every loss: input checks, per-tuple `compute`, then reduction."
     uses_proxies = False  # proxy losses take (num_classes, embedding_size) first and own parameters
+    takes_ref = False     # accepts a reference set (`ref_emb`, `ref_labels`), as the same loss of PML does
     def __init__(self, reduction: str|Reduction = "mean", # "mean", "mean_nonzero", "sum" or "none"
                  normalize: bool = True): # L2-normalise the embeddings before `compute` (PML's default)
         super().__init__()
@@ -114,19 +115,25 @@ def forward(self: BaseLoss,
              embeddings: Tensor, # (B, D) embeddings
              labels: Tensor, # (B,) integer class labels
              indices_tuple: tuple|None = None, # (a, p, n) or (a1, p, a2, n) from a miner; all valid tuples when None
-             weights: Tensor|None = None, # (T,) one weight per tuple used; the loss is then sum(w*l)/sum(w) per block
+             ref_emb: Tensor|None = None, # (R, D) a reference set: anchors from `embeddings`, the others from it (as PML)
+             ref_labels: Tensor|None = None, # (R,) its labels
+             *, weights: Tensor|None = None, # (T,) one weight per tuple used; the loss is then sum(w*l)/sum(w) per block
             ) -> Tensor|LossOutput: # a scalar, or a `LossOutput` when `reduction="none"`
     "The loss of a batch."
     if torch.is_autocast_enabled(embeddings.device.type):   # mixed precision: distances in fp32 (see the text)
+        up = lambda e: None if e is None else e.to(torch.promote_types(e.dtype, torch.float32))
         with torch.autocast(embeddings.device.type, enabled=False):
-            return self.forward(embeddings.to(torch.promote_types(embeddings.dtype, torch.float32)), labels, indices_tuple, weights)
+            return self.forward(up(embeddings), labels, indices_tuple, up(ref_emb), ref_labels, weights=weights)
     check_batch(embeddings, labels); check_finite(embeddings)
+    B = check_reference(embeddings, ref_emb, ref_labels, type(self).__name__ if not self.takes_ref else None)
+    if B is not None: embeddings, labels, indices_tuple = join_reference(embeddings, labels, indices_tuple, ref_emb, ref_labels)
     check_tuple(indices_tuple, len(embeddings))
     if self.normalize: embeddings = F.normalize(embeddings, dim=1)  # the one place losses normalise
     if indices_tuple is None and weights is None and self.reduction is not Reduction.NONE:
         fast = self.reduced_all(embeddings, labels)
         if fast is not None: return fast
     out = self.compute(embeddings, labels, indices_tuple)
+    if B is not None: out = split_reference(out, B)
     if self.reduction is Reduction.NONE:
         if weights is not None: raise ValueError("weights are not used with reduction='none'; multiply out.losses yourself")
         return out
@@ -136,3 +143,49 @@ def forward(self: BaseLoss,
                              f"got {tuple(weights.shape) if torch.is_tensor(weights) else type(weights).__name__}")
         weights = weights.to(out.losses.dtype)
     return reduce_losses(out, self.reduction, weights)
+
+# %% ../../nbs/04_losses.base.ipynb #bf312189
+def check_reference(embeddings: Tensor, # (B, D) the batch
+                    ref_emb: Tensor|None, # (R, D) a reference set, or None
+                    ref_labels: Tensor|None, # (R,) its labels, or None
+                    refused_by: str|None = None, # the name of a loss or miner that takes no reference set
+                   ) -> int|None: # the batch size B, or None without a reference set
+    "Check a reference set against `embeddings` (one-line errors); None when there is none."
+    if ref_emb is None and ref_labels is None: return None
+    if refused_by: raise ValueError(f"{refused_by} takes no ref_emb/ref_labels (nor does pytorch-metric-learning's); "
+                                    f"losses that do: triplet, contrastive, margin, multisimilarity")
+    if ref_emb is None or ref_labels is None: raise ValueError("pass ref_emb and ref_labels together (weights is keyword-only: weights=...)")
+    check_batch(ref_emb, ref_labels); check_finite(ref_emb, "ref_emb")
+    if ref_emb.shape[1] != embeddings.shape[1]: raise ValueError(f"ref_emb has dimension {ref_emb.shape[1]}, embeddings {embeddings.shape[1]}")
+    return len(embeddings)
+
+# %% ../../nbs/04_losses.base.ipynb #6e8c2647
+def join_reference(embeddings: Tensor, labels: Tensor, # (B, D) the batch and its (B,) labels
+                   indices_tuple, # anchors into `embeddings`, the rest into `ref_emb`; None: every (row, reference) pair
+                   ref_emb: Tensor, ref_labels: Tensor, # (R, D) the reference set and its (R,) labels
+                  ) -> tuple[Tensor, Tensor, tuple]:
+    "One batch of `embeddings` then `ref_emb`, and the tuples in it: anchors in the first part, the rest in the second."
+    B, R = len(embeddings), len(ref_emb)
+    if indices_tuple is None:
+        pos, neg = pair_masks(labels, ref_labels)   # as PML's get_all_pairs_indices(labels, ref_labels)
+        indices_tuple = (*torch.where(pos), *torch.where(neg))
+    check_tuple(indices_tuple, max(B, R))
+    anchors = (0,) if len(indices_tuple) == 3 else (0, 2)
+    for i, t in enumerate(indices_tuple):
+        if len(t) and t.max() >= (B if i in anchors else R):
+            raise ValueError(f"indices_tuple[{i}] holds indices outside [0, {B if i in anchors else R}) "
+                             f"({'anchors index embeddings' if i in anchors else 'the others index ref_emb'})")
+    shifted = tuple(t if i in anchors else t + B for i, t in enumerate(indices_tuple))
+    return torch.cat([embeddings, ref_emb.to(embeddings.dtype)]), torch.cat([labels, ref_labels.to(labels.device)]), shifted
+
+def split_reference(out: LossOutput, # `compute`'s output on a joined batch
+                    B: int, # rows of `embeddings` before the reference set
+                   ) -> LossOutput:
+    "`out` with indices into `embeddings` (anchors) and `ref_emb` (the rest); per-row losses of reference rows dropped."
+    t = out.indices_tuple
+    if len(t) == 1:
+        keep = t[0] < B
+        return out._replace(losses=out.losses[keep], indices_tuple=(t[0][keep],),
+                            nonzero=None if out.nonzero is None else out.nonzero[keep])
+    anchors = (0,) if len(t) != 4 else (0, 2)
+    return out._replace(indices_tuple=tuple(x if i in anchors else x - B for i, x in enumerate(t)))

@@ -65,6 +65,7 @@ def _masks_from(indices_tuple, labels, B):
 @LOSSES.register("multisimilarity")
 class MultiSimilarityLoss(BaseLoss):
     "Multi-similarity loss on cosine similarities (Wang et al. 2019, eq. 15), optionally with its pair mining (eqs. 10-11)."
+    takes_ref = True  # ref_emb/ref_labels as in PML (see `BaseLoss.forward`)
     def __init__(self, alpha: float = 2., # weight of positive pairs
                  beta: float = 50., # weight of negative pairs
                  base: float = 0.5, # the shift lambda

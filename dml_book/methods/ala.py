@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.distributed as dist
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 from torch.func import functional_call
 from fastcore.basics import patch
@@ -21,8 +22,10 @@ from .base import Method, TrainerView
 from ..distributed import broadcast_object
 
 # %% auto #0
-__all__ = ['StepParameters', 'tuple_embeddings', 'tuple_hardness', 'Assessor', 'one_step', 'weighted_sum', 'meta_objective',
-           'ALA', 'plot_assessment', 'assessment_sentence']
+__all__ = ['WeightRule', 'StepParameters', 'ALA_ARMS', 'tuple_embeddings', 'tuple_hardness', 'hardness_ratio', 'assessment_stats',
+           'Assessor', 'one_step', 'weighted_sum', 'meta_objective', 'meta_surrogate', 'rule_weights', 'ALA',
+           'plot_assessment', 'assessment_sentence', 'plot_weight_analysis', 'paper_differences', 'late_means',
+           'hardness_clause', 'ala_conclusion']
 
 # %% ../../nbs/20_methods.ala.ipynb #e74b70d5
 def tuple_embeddings(emb: Tensor, # (B, D) embeddings of the batch
@@ -44,6 +47,31 @@ def tuple_hardness(emb: Tensor, # (B, D) embeddings of the batch
     if len(indices_tuple) == 3: a, p, n = indices_tuple; return d(a, p) - d(a, n)
     a1, p, a2, n = indices_tuple
     return torch.cat([d(a1, p), -d(a2, n)])
+
+# %% ../../nbs/20_methods.ala.ipynb #fde60f32
+def hardness_ratio(emb: Tensor, # (B, D) embeddings of the batch
+                   indices_tuple) -> Tensor: # (a, p, n) triplets
+    "Sec. 4.4's hardness of each triplet, d(a,p) / d(a,n): above 1 when the negative is the closer."
+    check_tuple(indices_tuple, len(emb))
+    if len(indices_tuple) != 3: raise ValueError("the distance ratio of Sec. 4.4 is defined on triplets, got pairs")
+    emb, (a, p, n) = emb.detach(), indices_tuple
+    return (emb[a] - emb[p]).norm(dim=1) / (emb[a] - emb[n]).norm(dim=1).clamp_min(1e-12)
+
+def assessment_stats(weights: Tensor, # (T,) the weights of the iteration's tuples (all 1 for the baseline)
+                     hardness: Tensor, # (T,) their `tuple_hardness`
+                     ratio: Tensor | None = None, # (T,) their `hardness_ratio` (triplets); None: no AWH
+                    ) -> dict:
+    "Fig. 4's quantities for one iteration: the weights' mean, spread, correlation with hardness; AWH, the unweighted AWH and their ratio."
+    w, h = weights.detach().double().cpu(), hardness.detach().double().cpu()
+    if len(w) == 0: return {}
+    c = lambda x: x - x.mean()
+    den = float(c(w).norm() * c(h).norm())
+    out = {"weight_mean": w.mean().item(), "weight_std": w.std().item() if len(w) > 1 else 0.0,
+           "weight_hardness_corr": float(c(w) @ c(h)) / den if den > 1e-12 else 0.0}
+    if ratio is None: return out
+    r = ratio.detach().double().cpu()
+    awh, awh0 = (w / w.mean() * r).mean().item(), r.mean().item()   # weights normalised to mean 1, as the step uses them
+    return out | {"awh": awh, "awh_baseline": awh0, "awh_ratio": awh / awh0 if awh0 > 0 else 1.0}
 
 # %% ../../nbs/20_methods.ala.ipynb #046e4968
 class Assessor(nn.Module):
@@ -123,6 +151,46 @@ def meta_objective(assessor: Assessor, # the tuple assessor
     return weighted_sum(loss_fn, val_emb, val_labels, val_tuples)                             # eq. (11)
 
 
+# %% ../../nbs/20_methods.ala.ipynb #cd18df73
+def meta_surrogate(assessor: Assessor, state, # the tuple assessor and its carried LSTM state
+                   tuples: Tensor, emb: Tensor, labels: Tensor, indices_tuple, # as for `meta_objective`
+                   module: nn.Module, params: dict[str, Tensor], lrs, # the stepped module, its parameters, alpha
+                   inputs: Tensor, # `module`'s input that gave `emb` (for the forward-mode pass)
+                   val_input: Tensor, val_labels: Tensor, loss_fn, val_tuples=None, buffers: dict | None = None,
+                   weight_decays=0.0) -> tuple[Tensor, Tensor]:
+    "Eq. (11)'s value and a scalar whose gradient in phi is eq. (11)'s, from first-order passes (see the text)."
+    per = lambda v: [v] * len(params) if isinstance(v, (int, float)) else list(v)
+    lrs, wds, bufs = per(lrs), per(weight_decays), buffers or {}
+    w, _ = assessor(tuples, state)
+    w = w / w.mean().clamp_min(1e-12)                                               # the weights eq. (10) uses
+    g = torch.autograd.grad(weighted_sum(loss_fn, emb, labels, indices_tuple, w.detach()), list(params.values()),
+                            retain_graph=True, allow_unused=True)
+    stepped = {k: (p.detach() if gk is None else (p - lr * (gk + wd * p)).detach()).requires_grad_()
+               for (k, p), gk, lr, wd in zip(params.items(), g, lrs, wds)}            # theta' of eq. (10), values only
+    val_loss = weighted_sum(loss_fn, functional_call(module, {**stepped, **bufs}, (val_input,)), val_labels, val_tuples)
+    v = torch.autograd.grad(val_loss, list(stepped.values()), allow_unused=True)      # eq. (11)'s gradient at theta'
+    with fwAD.dual_level():                                                          # <alpha v, grad L_i> for every i
+        dual = {k: p.detach() if vk is None else fwAD.make_dual(p.detach(), lr * vk) for (k, p), vk, lr in zip(params.items(), v, lrs)}
+        out = functional_call(module, {**dual, **{k: b.clone() for k, b in bufs.items()}}, (inputs.detach(),))
+        c = fwAD.unpack_dual(loss_fn.compute(out, labels, indices_tuple).losses).tangent
+    c = torch.zeros_like(w) if c is None else -c.detach()
+    return val_loss.detach(), (w * c).sum()
+
+# %% ../../nbs/20_methods.ala.ipynb #07e4a1a9
+WeightRule = Literal["hardness", "semihard"]   # fixed weights from the tuples' hardness (the ceiling arm)
+
+def rule_weights(rule: WeightRule, # which rule (see the text)
+                 hardness: Tensor, # (T,) `tuple_hardness` of the tuples
+                 losses: Tensor, # (T,) their losses (semihard: which ones lie inside the margin)
+                 temperature: float = 0.1, # tau of the "hardness" rule
+                ) -> Tensor:
+    "Weights in [0, 1] by a fixed rule: sigmoid((h - mean h) / tau), or 1 on the semi-hard triplets (all 1 if none)."
+    check_choice("rule", rule, get_args(WeightRule))
+    h = hardness.detach()
+    if rule == "hardness": return torch.sigmoid((h - h.mean()) / temperature)
+    semi = ((h < 0) & (losses.detach() > 0)).to(h.dtype)
+    return semi if semi.any() else torch.ones_like(h)
+
 # %% ../../nbs/20_methods.ala.ipynb #a2f77f1e
 def _detach_state(state): return None if state is None else tuple(s.detach() for s in state)
 
@@ -158,6 +226,9 @@ class ALA(Method):
                  input_scale: float | None = None, # multiplies the assessor's input; None: sqrt(3 hidden_size / arity)
                  assess: bool = True, # False: the paper's baseline, same episodes and tuples, every weight 1
                  disjoint: bool = True, # False: validation classes drawn from the training subset's (Table 1's "random")
+                 rule: WeightRule | None = None, # with assess=False: weights by this fixed rule of hardness (the ceiling)
+                 rule_temperature: float = 0.1, # tau of rule "hardness"
+                 episodes_per_epoch: int | None = None, # episodes per epoch and process; None: training images // episode size
                  seed: int = 0): # seed of the tuple subsampling
         super().__init__()
         check_choice("step", step, get_args(StepParameters))
@@ -168,9 +239,29 @@ class ALA(Method):
         self.hidden_size, self.num_layers, self.assess, self.disjoint = hidden_size, num_layers, assess, disjoint
         if input_scale is not None and not input_scale > 0: raise ValueError(f"input_scale must be > 0, got {input_scale!r}")
         self.input_scale = input_scale
+        if rule is not None:
+            check_choice("rule", rule, get_args(WeightRule))
+            if assess: raise ValueError(f"rule={rule!r} weights the tuples instead of the assessor: set assess=False")
+        if not rule_temperature > 0: raise ValueError(f"rule_temperature must be > 0, got {rule_temperature!r}")
+        if episodes_per_epoch is not None and (int(episodes_per_epoch) != episodes_per_epoch or episodes_per_epoch < 1):
+            raise ValueError(f"episodes_per_epoch must be an integer >= 1 or None, got {episodes_per_epoch!r}")
+        self.rule, self.rule_temperature, self.episodes_per_epoch = rule, rule_temperature, episodes_per_epoch
         self.generator = torch.Generator().manual_seed(seed)
-        self.assessor, self.assessor_opt, self.state, self.last, self.snapshots = None, None, None, {}, []
+        self.assessor, self.assessor_opt, self.state, self.last, self.snapshots, self._stats = None, None, None, {}, [], []
 
+# %% ../../nbs/20_methods.ala.ipynb #b71ed90f
+from ..registry import ConfigError
+from ..config import loss_tuples, tuple_losses
+
+@patch
+def check(self: ALA, cfg):
+    "Plain SGD for eq. (10), episodes of whole classes, a loss of triplets or pairs for the assessor to weigh."
+    if cfg.optimizer not in ("auto", "sgd"): raise ConfigError(f"optimizer={cfg.optimizer!r}: the look-ahead of eq. (10) models a "
+                                                               "plain gradient step, the step eq. (13) takes; use sgd (ALA's default)")
+    for name, n in (("n_train", self.n_train), ("n_val", self.n_val)):
+        if n % cfg.m_per_class: raise ConfigError(f"{name}={n} is not a multiple of m_per_class={cfg.m_per_class}: an episode holds whole classes")
+    if loss_tuples(cfg) not in (3, 4):
+        raise ConfigError(f"the assessor weighs triplets or pairs; loss {cfg.loss!r} forms neither: use {', '.join(tuple_losses(cfg))}")
 
 # %% ../../nbs/20_methods.ala.ipynb #330e25a3
 def _arity(trainer) -> int:
@@ -188,6 +279,7 @@ def setup(self: ALA, trainer):
         raise ValueError(f"ALA's look-ahead (eq. 10) models a plain gradient step, the step eq. (13) takes; "
                          f"optimizer={name!r} would take another: use sgd (the default for ALA)")
     self.arity = _arity(trainer)
+    if self.rule == "semihard" and self.arity != 3: raise ValueError("rule='semihard' selects triplets; this loss forms pairs")
     scale = self.input_scale if self.input_scale is not None else (3 * self.hidden_size / self.arity) ** 0.5   # unit-variance gates
     self.assessor = Assessor(self.arity * trainer.model.embedding_dim, self.hidden_size, self.num_layers, scale).to(trainer.device)
     try: self.assessor_opt = torch.optim.Adam(self.assessor.parameters(), lr=self.assessor_lr, fused=True)  # 5x faster on small tensors
@@ -201,7 +293,7 @@ def param_groups(self: ALA, trainer) -> list:
 def batch_sampler(self: ALA, trainer) -> EpisodeSampler:
     "Episodes of `n_train` + `n_val` images, the two subsets' classes disjoint unless `disjoint=False`."
     return EpisodeSampler(trainer.train_ds.labels, self.n_train, self.n_val, trainer.cfg.m_per_class,
-                          seed=trainer.cfg.seed, disjoint=self.disjoint)
+                          episodes_per_epoch=self.episodes_per_epoch, seed=trainer.cfg.seed, disjoint=self.disjoint)
 
 # %% ../../nbs/20_methods.ala.ipynb #016e0447
 @patch
@@ -262,19 +354,24 @@ def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor)
             with torch.no_grad(): val_t = trainer.miner(functional_call(module, {**params, **buffers}, (val_inp,)), yv)
         lrs, wds = self._lrs(trainer, params)
         for _ in range(self.meta_steps):                # eq. (11)-(12), K times; theta' recomputed each time
-            val_loss = meta_objective(self.assessor, self.state, tuples, emb, y, t, module, params, lrs, val_inp, yv,
-                                      loss_fn, val_t, buffers, wds)
+            val_loss, surrogate = meta_surrogate(self.assessor, self.state, tuples, emb, y, t, module, params, lrs, inp,
+                                                 val_inp, yv, loss_fn, val_t, buffers, wds)
             self.assessor_opt.zero_grad()
-            val_loss.backward(inputs=list(self.assessor.parameters()), retain_graph=True)
+            surrogate.backward(inputs=list(self.assessor.parameters()))
             self.assessor_opt.step()
         with torch.no_grad(): w, state = self.assessor(tuples, self.state)   # the updated assessor's weights
         self.state = _rank_mean(_detach_state(state))                        # under torchrun: one state for all ranks
-        logs = {"val_loss": val_loss.item(), "weight_mean": w.mean().item(), "weight_std": w.std().item() if len(w) > 1 else 0.0}
+        logs = {"val_loss": val_loss.item()}
+    h = tuple_hardness(emb, t)
+    if self.rule is not None:                                                # the ceiling: a fixed rule, no assessor
+        with torch.no_grad(): w = rule_weights(self.rule, h, loss_fn.compute(emb.detach(), y, t).losses, self.rule_temperature)
     loss = weighted_sum(loss_fn, emb, y, t, w)                               # eq. (13): one plain step (all 1 without assessor)
     trainer.backward_and_step(loss, trainer.optimizer)                      # fp16: through the trainer's scaler
     if dist.is_available() and dist.is_initialized(): self.generator.set_state(broadcast_object(self.generator.get_state()))
-    self.last = {"hardness": tuple_hardness(emb, t).cpu(), "weights": (torch.ones(len(tuples)) if w is None else w).cpu()}
-    return {"loss": loss.item(), **logs, "tuples": len(tuples)}
+    w = torch.ones(len(tuples)) if w is None else w.cpu()
+    stats = assessment_stats(w, h, hardness_ratio(emb, t) if self.arity == 3 else None)   # Fig. 4, on this iteration's tuples
+    self.last = {"hardness": h.cpu(), "weights": w}; self._stats.append(stats)
+    return {"loss": loss.item(), **logs, **stats, "tuples": len(tuples)}
 
 # %% ../../nbs/20_methods.ala.ipynb #5baae9c1
 @patch
@@ -294,12 +391,11 @@ def set_extra_state(self: ALA,
 
 @patch
 def end_epoch(self: ALA, trainer, epoch: int) -> dict:
-    "Keep the last iteration's hardness and weights for the figures; log the weights' mean, spread and correlation with hardness."
+    "Keep the last iteration's hardness and weights for the figures; the epoch's means of `assessment_stats`."
+    stats, self._stats = self._stats, []
     if not self.last: return {}
-    h, w = self.last["hardness"], self.last["weights"]
-    self.snapshots.append({"epoch": epoch, "hardness": h.numpy(), "weights": w.numpy()})
-    corr = float(np.corrcoef(h.numpy(), w.numpy())[0, 1]) if len(w) > 1 and w.std() > 0 and h.std() > 0 else 0.0
-    return {"weight_mean": w.mean().item(), "weight_std": w.std().item() if len(w) > 1 else 0.0, "weight_hardness_corr": corr}
+    self.snapshots.append({"epoch": epoch, "hardness": self.last["hardness"].numpy(), "weights": self.last["weights"].numpy()})
+    return {k: float(np.mean([s[k] for s in stats if k in s])) for k in dict.fromkeys(k for s in stats for k in s)}
 
 # %% ../../nbs/20_methods.ala.ipynb #11927e31
 _paper = dict(lr_backbone=1e-4, lr_head=1e-3, weight_decay=0.0, optimizer="sgd",
@@ -336,3 +432,109 @@ def assessment_sentence(steps, # step records of an ALA run (`read_log`)
     return (f"The weights' spread within an iteration goes from {spread.iloc[0]:.3f} (mean over epoch {spread.index[0]}) to "
             f"{spread.iloc[-1]:.3f} (epoch {spread.index[-1]}); their correlation with hardness goes from {c.iloc[0]:+.2f} at "
             f"epoch {c.index[0]} to {c.iloc[-1]:+.2f} at epoch {c.index[-1]}, and lies between {c.min():+.2f} and {c.max():+.2f} over the run.")
+
+# %% ../../nbs/20_methods.ala.ipynb #15dbef55
+def plot_weight_analysis(steps, # step records of an ALA run (`read_log`): `weight_std`, `weight_mean`, `awh`, ...
+                         axs=None, # four matplotlib axes (a new figure if None)
+                        ):
+    "Fig. 4 from a run's log: the weights' spread (a) and mean (b), AWH of the weights and unweighted (c), their ratio (d)."
+    import matplotlib.pyplot as plt
+    axs = list(axs) if axs is not None else list(plt.subplots(2, 2, figsize=(9, 5.5), constrained_layout=True)[1].flat)
+    x, per = steps["step"].to_numpy(float), max(1, int(steps.groupby("epoch").size().median()))   # smoothed over ~an epoch
+    def curve(ax, k, label=None, color="C0"):
+        ax.plot(x, steps[k], lw=0.5, alpha=0.3, color=color)
+        ax.plot(x, steps[k].rolling(per, min_periods=1, center=True).mean(), lw=1.5, color=color, label=label)
+    titles = ["(a) std of the weights", "(b) mean of the weights", "(c) average weighted hardness", "(d) AWH ratio, weighted / unweighted"]
+    for ax, title in zip(axs, titles): ax.set(title=title, xlabel="iteration"); ax.ticklabel_format(axis="y", useOffset=False)
+    for ax, k in zip(axs, ("weight_std", "weight_mean")):
+        if k in steps: curve(ax, k)
+    if "awh" not in steps:
+        for ax in axs[2:]: ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
+        return axs[0].figure
+    curve(axs[2], "awh", "weighted", "C3"); curve(axs[2], "awh_baseline", "unweighted (same tuples)"); axs[2].legend(fontsize=8)
+    curve(axs[3], "awh_ratio", color="C3"); axs[3].axhline(1, color="grey", lw=0.8, ls="--")
+    return axs[0].figure
+
+# %% ../../nbs/20_methods.ala.ipynb #14854d78
+def paper_differences(config: dict, # a run's configuration: `metrics.json`'s `config`, or `asdict` of a `TrainConfig`
+                     ) -> pd.DataFrame:
+    "The paper's setting (Sec. 3.4) beside `config`'s, one row per setting: the same, different or not stated, and why ours."
+    import inspect, pandas as pd
+    k = {n: p.default for n, p in inspect.signature(ALA).parameters.items()} | dict(config.get("method_kwargs") or {})
+    c, lk = config.get, dict(config.get("loss_kwargs") or {})
+    sgd, same_lr = c("optimizer") in ("auto", "sgd"), (c("lr_backbone"), c("lr_head")) == (1e-4, 1e-3)
+    episode = (k["n_train"], k["n_val"], k["disjoint"]) == (100, 20, True)
+    rows = [  # setting, the paper, this run, the same? (None: the paper does not say), why not
+        ("network", "GoogLeNet, ImageNet weights, 512-d", f"{c('backbone')}, {'ImageNet weights' if c('pretrained') else 'from scratch'}, {c('embedding_dim')}-d", False, "the study's benchmark: minutes of CPU a run"),
+        ("images", "CUB, Cars, SOP: 227 px crops of 256 px, flips", f"{c('dataset')} {c('dataset_kwargs') or ''}", False, "the study's benchmark"),
+        ("optimiser", "plain gradient steps (eqs. 10, 13)", "SGD, no momentum" if sgd else str(c("optimizer")), sgd, ""),
+        ("learning rate, CNN / FC", "1e-4 / 1e-3", f"{c('lr_backbone'):g} / {c('lr_head'):g}", same_lr, "the CNN learns from scratch; the paper's lower CNN rate keeps pretrained features"),
+        ("weight decay", "not stated", f"{c('weight_decay'):g}", None, ""),
+        ("schedule", "not stated", str(c("lr_schedule")), None, ""),
+        ("assessor's step (eq. 12)", "gradient step, 4e-4", f"Adam, {k['assessor_lr']:g}", False, "Adam's step does not depend on the meta-gradient's scale"),
+        ("episode", "100 + 20 images, disjoint classes", f"{k['n_train']} + {k['n_val']} images, {c('m_per_class')} per class, {'disjoint' if k['disjoint'] else 'joint'}", episode,
+         "a larger validation subset: a stronger meta-signal (eq. 11)" if k["n_val"] > 20 else ""),
+        ("assessor updates K", "3", str(k["meta_steps"]), k["meta_steps"] == 3, ""),
+        ("tuples an iteration", "not stated (all of the episode's)", f"at most {k['max_tuples']}, at random", None, "the assessor reads them one by one: a bounded cost"),
+        ("look-ahead (eq. 10)", "all of theta", "all of theta" if k["step"] == "all" else "the head", k["step"] == "all", "cost: the head's costs 1.07x a plain iteration, all of theta about 7x"),
+        ("weights in the step", "w_i as assessed", "w_i / mean w, logits centred (eq. 8)", False, "only the weights' differences are learnt; the step keeps the baseline's size"),
+        ("loss", "triplet, squared distances (eq. 4)", f"{c('loss')} {lk or ''}", c("loss") == "triplet" and lk.get("squared") is True, "the library's triplet loss, shared by every study"),
+        ("precision", "not stated", str(c("precision")), None, ""),
+        ("training length", "not stated", f"{c('epochs')} epochs", None, "")]
+    df = pd.DataFrame(rows, columns=["setting", "paper", "this run", "same", "why"])
+    df["same"] = df.same.map({True: "same", False: "differs", None: "not stated"})
+    return df.assign(why=np.where(df.same == "same", "", df.why))
+
+# %% ../../nbs/20_methods.ala.ipynb #34595186
+ALA_ARMS = {"ala": "ALA", "ala-bigval": "ALA judged on a larger validation subset",
+            "ala-full-lookahead": "ALA with the look-ahead on all of theta", "ceiling": "the fixed hardness rule"}
+
+def late_means(folder, # a variant's folder of runs (`seed<k>/metrics.json`)
+               key: str, # an epoch-record value, e.g. "awh_ratio"
+              ) -> np.ndarray:
+    "Per run, the mean of `key` over the second half of the epochs that hold it; empty where no run logs it."
+    from dml_book.results import find_runs, load_run
+    out = []
+    for run in find_runs(folder):
+        recs = [(r["epoch"], r[key]) for r in load_run(run)["epochs"] if r.get(key) is not None]
+        if recs: half = max(e for e, _ in recs) / 2; out.append(np.mean([v for e, v in recs if e > half]))
+    return np.array(out)
+
+# %% ../../nbs/20_methods.ala.ipynb #23f2a73b
+def _interval(x) -> tuple:
+    "Mean and 95% t-interval of the values `x` (no interval for fewer than 2)."
+    from scipy import stats
+    m = float(np.mean(x))
+    if len(x) < 2: return m, None, None
+    half = float(stats.t.ppf(0.975, len(x) - 1) * np.std(x, ddof=1) / np.sqrt(len(x)))
+    return m, m - half, m + half
+
+def hardness_clause(folder, # a variant's folder of runs
+                   ) -> str:
+    "Whether the variant's weights favour harder tuples: its AWH ratio against 1 over the seeds, else its weight-hardness correlation against 0."
+    for key, null, fmt, what in (("awh_ratio", 1.0, ".3f", "its weighted hardness is {m} times the unweighted one (AWH ratio"),
+                                 ("weight_hardness_corr", 0.0, "+.2f", "its weights' correlation with hardness averages {m} (these runs predate AWH")):
+        x = late_means(folder, key)
+        if not len(x): continue
+        m, lo, hi = _interval(x)
+        side = "harder" if lo is not None and lo > null else "easier" if hi is not None and hi < null else None
+        lead = f"favours {side} tuples" if side else "shows no preference for hard or easy tuples that these seeds can detect"
+        ci = f", 95% interval {lo:{fmt}} to {hi:{fmt}}" if lo is not None else ""
+        return f"{lead}: over the second half of training {what.format(m=format(m, fmt))}, {len(x)} seed{'s' * (len(x) > 1)}{ci})"
+    return "logs no weight diagnostics"
+
+# %% ../../nbs/20_methods.ala.ipynb #66b633f0
+def ala_conclusion(root=None, # the results store (default: `results/` beside `nbs/` of this clone)
+                   dataset: str = "glyphs-XL", # the benchmark's name in the sentences
+                  ) -> str | None:
+    "The stored ALA study in one paragraph: per arm, whether its weights favour harder tuples and what it changes in R@1; None if none is stored."
+    from dml_book.study import study_report, verdict
+    report = study_report("ala", root, dataset)
+    if report is None: return None
+    out = []
+    for arm in (a for a in ALA_ARMS if a in set(report["frame"].variant)):
+        name = ALA_ARMS[arm]
+        try: r1 = verdict(report["frame"], arm, dataset=dataset, label=name)
+        except ValueError as e: r1 = f"Its R@1 is not paired with the baseline's ({e})."
+        out.append(f"{name[0].upper()}{name[1:]} {hardness_clause(report['root']/arm)}. {r1}")
+    return " ".join(out)

@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from ..registry import METHODS
 
 # %% auto #0
-__all__ = ['TrainerView', 'Method', 'Baseline']
+__all__ = ['TrainerView', 'Method', 'MethodError', 'batch_loss_output', 'Baseline']
 
 # %% ../../nbs/08a_methods.base.ipynb #8cd8ef43
 @runtime_checkable
@@ -55,6 +55,7 @@ class Method(nn.Module):
     "A DML method: owns its extra modules and state, and gives the trainer the loss of each batch."
     presets: dict[str, dict] = {}   # preset name -> TrainConfig overrides (incl. method_kwargs)
     own_loss: str | None = None     # name of the method's own objective (kept as `self.loss`) when it replaces the configured loss
+    optimizer_name: str = "adam"    # the main optimiser under optimizer="auto": "adam" or "sgd"
 
     def setup(self,
               trainer: TrainerView, # the run, its model and data built, its optimiser not yet
@@ -115,6 +116,25 @@ def custom_step(self: Method, trainer: TrainerView, # the run
                ) -> dict | None: # the iteration's logs, or None: the trainer's step on `batch_loss`
     "The escape hatch for a method that steps optimisers of its own (HDML, ALA): take the whole iteration here."
     return None
+
+# %% ../../nbs/08a_methods.base.ipynb #ce78360b
+@patch
+def check(self: Method, cfg, # the run's `TrainConfig`, every field already checked
+         ) -> None:
+    "Refuse, before any data is loaded, settings this method cannot train with: raise `ConfigError` naming the fix."
+
+# %% ../../nbs/08a_methods.base.ipynb #70415d91
+class MethodError(TypeError):
+    "A method that breaks the protocol: the message names the hook and what it must return."
+
+def batch_loss_output(out, # what `batch_loss` returned: the loss, or a dict with it under "loss"
+                      method, # the method that returned it
+                     ) -> dict:
+    "`out` as a dict with the loss under \"loss\"; a dict without it is a `MethodError` that says what to return."
+    if not isinstance(out, dict): return {"loss": out}
+    if "loss" not in out: raise MethodError(f"{type(method).__name__}.batch_loss returned a dict without \"loss\" (keys: "
+                                            f"{', '.join(map(str, out)) or 'none'}): put the loss to minimise under \"loss\"")
+    return out
 
 # %% ../../nbs/08a_methods.base.ipynb #09222711
 @METHODS.register("baseline")

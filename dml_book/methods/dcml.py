@@ -18,33 +18,43 @@ from .base import Method, TrainerView
 import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
 
 # %% auto #0
-__all__ = ['Weighting', 'Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose', 'rein_loss', 'ensemble_weights',
-           'FCComposer', 'DCML', 'learner_distances', 'epoch_weights', 'plot_compositor_weights', 'compositor_sentence']
+__all__ = ['Weighting', 'concatenate', 'Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose', 'rein_loss',
+           'ensemble_weights', 'FCComposer', 'DCML', 'learner_distances', 'epoch_weights', 'plot_compositor_weights',
+           'compositor_sentence']
 
 # %% ../../nbs/22_methods.dcml.ipynb #14964b84
+def concatenate(g: torch.Tensor, # (B, K, D) sub-embeddings
+                normalize_each: bool = False, # each g_k is a unit vector: divide by sqrt(K) so that y is one
+               ) -> torch.Tensor:
+    "The test embedding y = [g_1, ..., g_K] of sub-embeddings g, shape (B, K*D), unit norm."
+    return g.flatten(1) / math.sqrt(g.shape[1]) if normalize_each else g.flatten(1)
+
 class Learners(nn.Module):
     "K fully connected learners on shared features; `forward` gives the test embedding (their concatenation)."
     def __init__(self, in_features: int, # size of the backbone's features
                  n_learners: int = 4, # K, number of learners
-                 learner_dim: int = 16): # D, size of each sub-embedding
+                 learner_dim: int = 16, # D, size of each sub-embedding
+                 normalize_each: bool = False): # L2-normalise every sub-embedding on its own (neither the paper nor the official code)
         super().__init__()
         if min(in_features, n_learners, learner_dim) < 1:
             raise ValueError(f"in_features, n_learners and learner_dim must be >= 1, got {in_features}, {n_learners}, {learner_dim}")
         self.in_features, self.n_learners, self.learner_dim = in_features, n_learners, learner_dim
-        self.embedding_dim = n_learners * learner_dim
+        self.embedding_dim, self.normalize_each = n_learners * learner_dim, normalize_each
         self.fc = nn.Linear(in_features, self.embedding_dim)  # K learners g_k stacked
 
     def sub_embeddings(self,
                        features: torch.Tensor, # (B, F) backbone features
                       ) -> torch.Tensor:
-        "The K normalised sub-embeddings g_k(x), shape (B, K, D)."
-        return F.normalize(self.fc(features).view(-1, self.n_learners, self.learner_dim), dim=-1)
+        "The K sub-embeddings g_k(x), (B, K, D): blocks of the normalised concatenation, or K unit vectors (`normalize_each`)."
+        u = self.fc(features)
+        if self.normalize_each: return F.normalize(u.view(-1, self.n_learners, self.learner_dim), dim=-1)
+        return F.normalize(u, dim=-1).view(-1, self.n_learners, self.learner_dim)
 
     def forward(self,
                 features: torch.Tensor, # (B, F) backbone features
                ) -> torch.Tensor:
-        "The test embedding y = [g_1(x), ..., g_K(x)] / sqrt(K), shape (B, K*D), unit norm."
-        return self.sub_embeddings(features).flatten(1) / math.sqrt(self.n_learners)
+        "The test embedding y = [g_1(x), ..., g_K(x)], shape (B, K*D), unit norm."
+        return concatenate(self.sub_embeddings(features), self.normalize_each)
 
 # %% ../../nbs/22_methods.dcml.ipynb #355eee33
 def sign_ste(a: torch.Tensor, # the pre-activation of eq. (5)
@@ -155,7 +165,8 @@ class DCML(Method):
                  compositor_weighting: Weighting = "softmax", # relu: Table 2's Exp -> ReLU
                  jt_trains_compositor: bool = True, # False: Table 1's "w/o J_T" (J_T trains the learners only)
                  lr_compositor: float | None = None, # learning rate of the compositors (None: cfg.lr_head)
-                 normalize_composites: bool = True): # L2-normalise z_m before the subtask losses (as the sampler measures)
+                 normalize_composites: bool = True, # L2-normalise z_m before the subtask losses (as the sampler measures)
+                 normalize_learners: bool = False): # L2-normalise each sub-embedding on its own (neither the paper nor the official code)
         super().__init__()
         if n_learners < 1 or n_compositors < 1: raise ValueError(f"n_learners and n_compositors must be >= 1, got {n_learners}, {n_compositors}")
         if not (use_discriminative or use_subtasks): raise ValueError("DCML needs the discriminative loss or the subtask losses (both are off)")
@@ -164,12 +175,21 @@ class DCML(Method):
         self.use_compositor, self.use_rein, self.use_subtasks = use_compositor, use_rein, use_subtasks
         self.use_discriminative, self.use_sign, self.fc_compositor = use_discriminative, use_sign, fc_compositor
         self.compositor_weighting, self.jt_trains_compositor = compositor_weighting, jt_trains_compositor
-        self.lr_compositor, self.normalize_composites = lr_compositor, normalize_composites
+        self.lr_compositor, self.normalize_composites, self.normalize_learners = lr_compositor, normalize_composites, normalize_learners
         self.subtask_names = [subtasks] if isinstance(subtasks, str) else list(subtasks or [])
         for n in self.subtask_names: LOSSES.get(n)   # unknown names fail here, listing the choices
         self.subtask_losses, self.compositor = nn.ModuleList(), None
         self.weight_sum, self.weight_count = 0., 0   # |c| summed over the epoch's samples, for `end_epoch`
 
+# %% ../../nbs/22_methods.dcml.ipynb #6fb354ad
+from ..registry import ConfigError
+
+@patch
+def check(self: DCML, cfg):
+    "K learners of equal size fill `embedding_dim`, unless `learner_dim` is set."
+    if self.learner_dim is None and cfg.embedding_dim % self.n_learners:
+        raise ConfigError(f"embedding_dim={cfg.embedding_dim} is not divisible by n_learners={self.n_learners}: "
+                          "the learners split it equally; change one of them, or set learner_dim")
 
 # %% ../../nbs/22_methods.dcml.ipynb #634d36d6
 @patch
@@ -180,7 +200,7 @@ def setup(self: DCML, trainer):
         if trainer.cfg.embedding_dim % K: raise ValueError(f"embedding_dim {trainer.cfg.embedding_dim} is not divisible by n_learners {K}; set learner_dim")
         self.learner_dim = trainer.cfg.embedding_dim // K
     D = self.learner_dim
-    model.head = Learners(model.feature_dim, K, D).to(trainer.device)
+    model.head = Learners(model.feature_dim, K, D, self.normalize_learners).to(trainer.device)
     model.embedding_dim = K * D
     if self.fc_compositor: self.compositor = FCComposer(K * D, D, M)
     elif self.use_compositor: self.compositor = Compositor(K * D, K, M, self.use_sign, self.compositor_weighting)
@@ -200,7 +220,6 @@ def _subtask_loss(self: DCML, trainer, name: str) -> nn.Module:
     kw.setdefault("normalize", False)  # the composites are what `normalize_composites` makes them: no second normalisation
     return cls(**kw)
 
-
 # %% ../../nbs/22_methods.dcml.ipynb #349f8d9c
 @patch
 def param_groups(self: DCML, trainer) -> list[dict]:
@@ -215,13 +234,12 @@ def composites(self: DCML,
                g: torch.Tensor, # (B, K, D) sub-embeddings
               ) -> tuple[torch.Tensor, torch.Tensor | None]:
     "Composites z (B, M, D) for the subtasks from sub-embeddings g (B, K, D), and the weights c (B, M, K) (None for FC)."
-    y = g.flatten(1) / math.sqrt(g.shape[1])
+    y = concatenate(g, self.normalize_learners)
     if self.fc_compositor: return self.compositor(y), None             # FC ablation: a plain head on y
     if not self.use_compositor: c = self.ensemble.expand(len(g), -1, -1)
     else: c = self.compositor(y.detach())                               # detached: learners cannot steer their weights
     z = compose(c if self.jt_trains_compositor else c.detach(), g)      # eq. 6: J_T reaches g_k (and c_m) through here
     return z, c
-
 
 # %% ../../nbs/22_methods.dcml.ipynb #1c7a13e7
 @patch
@@ -237,7 +255,7 @@ def losses(self: DCML,
     out, total = {}, 0.
     configured = lambda e: trainer.loss_fn(e, labels, self.tuples(trainer, e, labels))   # the run's loss on `tuples`
     if self.use_discriminative:
-        out["dis"] = configured(g.flatten(1) / math.sqrt(K))  # J_dis(y) on the miner's tuples
+        out["dis"] = configured(concatenate(g, self.normalize_learners))  # J_dis(y) on the miner's tuples
         total = total + out["dis"]
     z, c = self.composites(g)
     if self.normalize_composites: z = F.normalize(z, dim=-1)
@@ -250,7 +268,6 @@ def losses(self: DCML,
         out["rein"] = rein_loss(c); total = total + self.lambda_r * out["rein"]
     out["loss"] = total
     return out
-
 
 # %% ../../nbs/22_methods.dcml.ipynb #40e82932
 @patch
@@ -272,7 +289,9 @@ DCML.ablations = {"no-compositor": dict(use_compositor=False), "no-rein": dict(u
                   "no-jt": dict(jt_trains_compositor=False), "no-discriminative": dict(use_discriminative=False),
                   "fc-compositor": dict(fc_compositor=True), "relu-weighting": dict(compositor_weighting="relu"),  # Table 2
                   "no-tanh": dict(use_sign=False),
-                  "no-subtasks": dict(use_subtasks=False)}   # not a row of the paper: no J_T at all
+                  "no-subtasks": dict(use_subtasks=False),   # not a row of the paper: no J_T at all
+                  "subtask-mean": dict(lambda_m=1 / 8),      # not a row of the paper: lambda_m = 1/M (M = 8), the J_T's mean
+                  "normalised-learners": dict(normalize_learners=True)}   # neither paper nor code: each g_k a unit vector
 DCML.loss_variants = {   # the loss and sampler of each row pair of Tables 3-5 (baseline and DCML-<variant>)
     "mdw": dict(loss="margin", loss_kwargs=dict(margin=0.2, beta=1.2), miner="distance_weighted",
                 miner_kwargs=dict(cutoff=0.5, nonzero_loss_cutoff=1.4)),
@@ -293,7 +312,10 @@ DCML.presets = {
     **{f"glyphs{'' if v == 'mdw' else '-' + v}": dict(_BUILTIN, **kw) for v, kw in DCML.loss_variants.items()},
     **{f"glyphs-{name}": dict(_BUILTIN, **DCML.loss_variants["mdw"], method_kwargs=dict(_BUILTIN["method_kwargs"], **kw))
        for name, kw in DCML.ablations.items()}}
-
+DCML.attribution = {"no-subtasks": "no subtask losses J_T", "no-tanh": "no sign score (c = t)",   # the study's arms beside DCML
+                    "subtask-mean": "lambda_m = 1/M", "normalised-learners": "each sub-embedding normalised"}
+DCML.study_arms = {"baseline": dict(method="baseline", loss="triplet"), "dcml": dict(method="dcml", loss="triplet"),
+                   **{f"dcml-{a}": dict(method="dcml", loss="triplet", method_kwargs=dict(DCML.ablations[a])) for a in DCML.attribution}}
 
 # %% ../../nbs/22_methods.dcml.ipynb #a4d9637b
 def learner_distances(g: torch.Tensor, # (N, K, D) sub-embeddings of N samples

@@ -18,8 +18,9 @@ from ..samplers import TaskSampler
 from .base import Method, TrainerView
 
 # %% auto #0
-__all__ = ['Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss', 'MetaCellLoss',
-           'dmml_lr_factor', 'DMML', 'ClassShare', 'plot_set_distances', 'set_distance_sentence']
+__all__ = ['Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss', 'MetaCellLoss', 'DMML',
+           'ClassShare', 'episode_sampler', 'flip_embed', 'EpisodeBaseline', 'plot_set_distances',
+           'set_distance_sentence']
 
 # %% ../../nbs/24_methods.dmml.ipynb #7d9c62df
 class Episode(NamedTuple):
@@ -150,16 +151,6 @@ def forward(self: MetaCellLoss,
         raise ValueError("MetaCellLoss compares queries with meta-cells of its episode; it takes no indices_tuple or weights")
     return episode_loss(*self.episode(embeddings, labels), self.margin, self.variant)
 
-# %% ../../nbs/24_methods.dmml.ipynb #0094c677
-def dmml_lr_factor(epoch: int, # 0-based epoch
-                   epochs: int, # length of training
-                   final: float = 0.005, # multiplier reached at the last epoch
-                  ) -> float:
-    "Learning-rate multiplier: 1 for the first half of training, then exponential decay to `final` at the last epoch."
-    if epochs < 1 or epoch < 0: raise ValueError(f"need epochs >= 1 and epoch >= 0; got epoch {epoch} of {epochs}")
-    start = (epochs + 1) // 2
-    return 1.0 if epoch < start else final ** (min(epoch - start + 1, epochs - start) / (epochs - start))
-
 # %% ../../nbs/24_methods.dmml.ipynb #a5966e1a
 @METHODS.register("dmml")
 class DMML(Method):
@@ -171,7 +162,6 @@ class DMML(Method):
                  distance: SetDistance | str = "hard", # "center" (eq. 9) or "hard" (eq. 10)
                  margin: float = 0.4, # τ of eq. (7)
                  variant: Margin | str = "negative", # where τ enters (Table 4); "negative" is eq. (7)
-                 lr_decay: bool = True, # constant, then exponential decay to 0.005x over the second half
                  tasks_per_epoch: int | None = None, # episodes per epoch; default: as many as fill the training set once
                  flip_test: bool = False, # test embedding: image + its horizontal flip
                  normalize_train: bool = False, # keep the head's L2 normalisation during training
@@ -181,8 +171,19 @@ class DMML(Method):
         if n_query < 1: raise ValueError(f"n_query must be >= 1 (every class needs a query); got {n_query}")
         self.loss = MetaCellLoss(n_support, distance, margin, variant)
         self.n_classes, self.n_query, self.tasks_per_epoch = n_classes, n_query, tasks_per_epoch
-        self.lr_decay, self.flip_test, self.normalize_train = lr_decay, flip_test, normalize_train
+        self.flip_test, self.normalize_train = flip_test, normalize_train
         self.feature_penalty, self.scale = feature_penalty, scale
+
+# %% ../../nbs/24_methods.dmml.ipynb #624932cb
+import os
+from ..registry import ConfigError
+
+@patch
+def check(self: DMML, cfg):
+    "Under torchrun, episodes that split into the same number of whole classes per process."
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if self.n_classes % world: raise ConfigError(f"n_classes={self.n_classes} is not a multiple of the {world} processes (WORLD_SIZE): "
+                                                 "each takes the same number of an episode's classes")
 
 # %% ../../nbs/24_methods.dmml.ipynb #b6a9debe
 @patch
@@ -210,25 +211,27 @@ class ClassShare(torch.utils.data.Sampler):
             k = len(task) // self.world_size
             yield task[self.rank * k:(self.rank + 1) * k]
 
-@patch
-def batch_sampler(self: DMML, trainer: TrainerView) -> TaskSampler | ClassShare:
+def episode_sampler(trainer: TrainerView, # the run (its training labels, seed and processes)
+                    n_classes: int, # M, classes per episode
+                    n_support: int, # support images per class
+                    n_query: int, # query images per class
+                    tasks_per_epoch: int | None = None, # episodes per epoch; default: as many as fill the training set once
+                   ) -> TaskSampler | ClassShare:
     "Episodes: `n_classes` classes x (`n_support` + `n_query`) images, class by class (Algorithm 1); split by class under torchrun."
-    tasks = TaskSampler(trainer.train_ds.labels, n_classes=self.n_classes, n_support=self.loss.n_support,
-                        n_query=self.n_query, tasks_per_epoch=self.tasks_per_epoch, seed=trainer.cfg.seed, rank=0, world_size=1)
+    tasks = TaskSampler(trainer.train_ds.labels, n_classes=n_classes, n_support=n_support, n_query=n_query,
+                        tasks_per_epoch=tasks_per_epoch, seed=trainer.cfg.seed, rank=0, world_size=1)
     world = trainer.dist.world_size
     return tasks if world == 1 else ClassShare(tasks, trainer.dist.rank, world)
 
 @patch
-def _set_lr(self: DMML, trainer):
-    "Every group of the main optimiser at `initial_lr * dmml_lr_factor(epoch, epochs)`; `trainer.epoch` counts from 1."
-    factor = dmml_lr_factor(trainer.epoch - 1, trainer.cfg.epochs)
-    for g in trainer.optimizer.param_groups: g["lr"] = g.setdefault("initial_lr", g["lr"]) * factor
+def batch_sampler(self: DMML, trainer: TrainerView) -> TaskSampler | ClassShare:
+    "DMML's episodes (`episode_sampler`), each one batch."
+    return episode_sampler(trainer, self.n_classes, self.loss.n_support, self.n_query, self.tasks_per_epoch)
 
 # %% ../../nbs/24_methods.dmml.ipynb #26cdca07
 @patch
 def batch_loss(self: DMML, trainer: TrainerView, images, labels) -> dict:
     "One episode: embed, split into meta-cells and queries, eq. (7) for the trainer's step, and the episode's statistics."
-    if self.lr_decay: self._set_lr(trainer)
     z, labels = trainer.gather(trainer.model(images), labels)   # the whole episode under torchrun
     d, t = self.loss.episode(self.scale * z, labels)
     loss = episode_loss(d, t, self.loss.margin, self.loss.variant)
@@ -238,25 +241,56 @@ def batch_loss(self: DMML, trainer: TrainerView, images, labels) -> dict:
             "episode_acc": (d.argmin(1) == t).float().mean(), "lr": trainer.optimizer.param_groups[0]["lr"]}
 
 # %% ../../nbs/24_methods.dmml.ipynb #3644acd7
-@patch
-def embed(self: DMML, trainer, images: torch.Tensor) -> torch.Tensor:
+def flip_embed(trainer, # the run (its model)
+               images: torch.Tensor, # a batch of preprocessed test images
+               flip_test: bool = False, # sum with the embedding of the horizontally flipped image
+              ) -> torch.Tensor:
     "Test-time embedding: L2-normalised, summed with the embedding of the flipped image when `flip_test`."
     z = trainer.model(images)
-    if self.flip_test: z = z + trainer.model(images.flip(-1))
+    if flip_test: z = z + trainer.model(images.flip(-1))
     return F.normalize(z, dim=-1)
+
+@patch
+def embed(self: DMML, trainer, images: torch.Tensor) -> torch.Tensor:
+    "Test-time embedding: `flip_embed` with the method's `flip_test`."
+    return flip_embed(trainer, images, self.flip_test)
 
 # %% ../../nbs/24_methods.dmml.ipynb #55b9c083
 def _reid_preset(dataset: str, n_train_ids: int) -> dict:
     "The paper's re-identification setting on `dataset`; one epoch = one pass over its training identities."
     return dict(dataset=dataset, backbone="resnet50", pretrained=True, embedding_dim=2048, head="identity",
-                last_stride=1, epochs=1200,
+                last_stride=1, epochs=1200, lr_schedule="half_exp", lr_final_fraction=0.005,
                 batch_size=32 * 6, lr_backbone=2e-4, lr_head=2e-4, weight_decay=1e-4,
                 method_kwargs=dict(n_classes=32, n_support=5, n_query=1, distance="hard", margin=0.4,
-                                   variant="negative", lr_decay=True, flip_test=True, scale=1.0,
+                                   variant="negative", flip_test=True, scale=1.0,
                                    tasks_per_epoch=n_train_ids * 6 // (32 * 6)))
 
 DMML.presets = {"market1501": _reid_preset("market1501", 751), "dukemtmc": _reid_preset("dukemtmc", 702),
                 "veri776": _reid_preset("veri776", 576)}
+
+# %% ../../nbs/24_methods.dmml.ipynb #d91a0ef6
+@METHODS.register("episodes")
+class EpisodeBaseline(Method):
+    "The configured loss and miner on DMML's episodes: the baselines of the paper's Table 3, batch for batch."
+    def __init__(self, n_classes: int = 32, # M, classes per episode
+                 n_support: int = 5, # images per class DMML would take as support ...
+                 n_query: int = 1, # ... and as queries: an episode holds n_classes x (n_support + n_query) images
+                 tasks_per_epoch: int | None = None, # episodes per epoch; default: as many as fill the training set once
+                 flip_test: bool = False): # test embedding: image + its horizontal flip
+        super().__init__()
+        if min(n_classes, n_support, n_query) < 1: raise ValueError(f"n_classes, n_support and n_query must be >= 1; got {n_classes}, {n_support}, {n_query}")
+        self.n_classes, self.n_support, self.n_query = n_classes, n_support, n_query
+        self.tasks_per_epoch, self.flip_test = tasks_per_epoch, flip_test
+
+@patch
+def batch_sampler(self: EpisodeBaseline, trainer: TrainerView) -> TaskSampler | ClassShare:
+    "DMML's episodes (`episode_sampler`): the same batches as `DMML` with the same arguments and seed."
+    return episode_sampler(trainer, self.n_classes, self.n_support, self.n_query, self.tasks_per_epoch)
+
+@patch
+def embed(self: EpisodeBaseline, trainer, images: torch.Tensor) -> torch.Tensor:
+    "Test-time embedding: `flip_embed` with `flip_test`, as DMML's."
+    return flip_embed(trainer, images, self.flip_test)
 
 # %% ../../nbs/24_methods.dmml.ipynb #a553b129
 def plot_set_distances(steps, # step records of a DMML run (`read_log`): `d_pos`, `d_neg`, `episode_acc`
@@ -286,3 +320,15 @@ def set_distance_sentence(steps, # step records of a DMML run (`read_log`): `d_p
     part = lambda r, e: (f"{r.d_pos:.3g} to the own meta-cell against {r.d_neg:.3g} to the others at epoch {e} "
                          f"(a gap of {(r.d_neg - r.d_pos) / margin:.1f} margins, episode accuracy {r.episode_acc:.2f})")
     return f"Mean set distances go from {part(f, per.index[0])} to {part(l, per.index[-1])}."
+
+# %% ../../nbs/24_methods.dmml.ipynb #698eb6b5
+_EPISODE = dict(n_classes=16, n_support=3, n_query=1)   # the study's episode on glyphs-XL: 16 x (3 + 1) = 64 images, its batch size
+_BATCH_HARD = dict(loss="triplet", loss_kwargs=dict(margin=0.2, reduction="mean"), miner="batchhard")   # Table 3's Triplet
+DMML.study_arms = {   # the episode's size lives in method_kwargs: batch_size and m_per_class are the study's (unused by episodes)
+    "baseline": dict(method="episodes", method_kwargs=dict(_EPISODE), **_BATCH_HARD),
+    "dmml": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE)),
+    "all-triplet": dict(method="baseline", loss="triplet"),
+    "dmml-episode-shape": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE, n_classes=32)),
+    "dmml-normalised": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE, normalize_train=True))}
+DMML.attribution = {"all-triplet": "baseline: every triplet of class-balanced batches", # arm -> what it changes
+                    "dmml-episode-shape": "episodes of M = 32 classes", "dmml-normalised": "trains on the normalised embedding"}

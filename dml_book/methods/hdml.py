@@ -11,17 +11,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from fastcore.basics import patch
-from ..registry import METHODS
+from ..config import ConfigError
+from ..registry import METHODS, check_choice
 from ..distances import to_triplets
 from ..losses import TripletLoss, NPairLoss
 from .base import Method, TrainerView
 from ..samplers import TripletBatchSampler
 
 # %% auto #0
-__all__ = ['hardness_aware_augment', 'pulling_lambda', 'Generator', 'reconstruction_loss', 'generator_objective',
-           'synthesis_weight', 'metric_objective', 'WindowAverage', 'random_triplets', 'npair_pairs',
-           'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML', 'tuple_distances', 'plot_hardness',
-           'hardness_sentence']
+__all__ = ['HARDNESS_KEYS', 'hardness_aware_augment', 'pulling_lambda', 'Generator', 'reconstruction_loss', 'generator_objective',
+           'synthesis_weight', 'metric_objective', 'WindowAverage', 'official_triplet_loss', 'decay_penalty',
+           'official_j_m', 'random_triplets', 'npair_pairs', 'triplet_synthesis', 'npair_synthesis',
+           'grouped_npair_loss', 'HDML', 'tuple_distances', 'violation_share', 'hardness_per_epoch', 'plot_hardness',
+           'hardness_criterion', 'hardness_sentence']
 
 # %% ../../nbs/21_methods.hdml.ipynb #99bfb0dd
 def _check_augment(z, z_neg, d_ref, lam):
@@ -46,7 +48,7 @@ def hardness_aware_augment(z: torch.Tensor,     # (B, D) anchors
 
 # %% ../../nbs/21_methods.hdml.ipynb #5bde7037
 def pulling_lambda(j_avg: float,          # running average of the metric loss J_m (inf before the first window)
-                   pulling_factor: float, # alpha of the paper: 7 (triplet), 90 (N-pair); 0 switches augmentation off
+                   pulling_factor: float, # alpha: 7 (triplet) / 90 (N-pair) in the paper, 90 in the official code; 0 switches augmentation off
                   ) -> float:
     "Interpolation factor lambda = exp(-alpha / J_avg) (eq. 4-7), 1 when alpha is 0 or J_avg is not yet known."
     if pulling_factor < 0: raise ValueError(f"the pulling factor alpha must be >= 0, got {pulling_factor}")
@@ -67,22 +69,25 @@ class Generator(nn.Module):
         return self.fc2(F.relu(self.fc1(z)))
 
 # %% ../../nbs/21_methods.hdml.ipynb #7d8211b7
+def _fp32(t: torch.Tensor) -> torch.Tensor: return t.to(torch.promote_types(t.dtype, torch.float32))   # losses in fp32 under autocast
+
 def reconstruction_loss(y_rec: torch.Tensor, # (N, F) generator output i(z) for real embeddings
                         y: torch.Tensor,     # (N, F) the real features (a target: no gradient flows into it)
                        ) -> torch.Tensor:
-    "J_recon (eq. 8): squared L2 distance between reconstructed and real features, summed over the batch."
-    return (y_rec - y.detach()).pow(2).sum()
+    "J_recon (eq. 8): squared L2 distance between reconstructed and real features, summed over the batch (in fp32)."
+    return (_fp32(y_rec) - _fp32(y.detach())).pow(2).sum()
 
-def generator_objective(j_recon: torch.Tensor, # reconstruction loss (eq. 8)
-                        j_soft: torch.Tensor,  # softmax loss of the synthetic features
+def generator_objective(j_recon: torch.Tensor, # reconstruction loss (eq. 8), a sum over the batch
+                        j_soft: torch.Tensor,  # softmax loss of the synthetic features, a mean over them
                         gen_lambda: float,     # lambda of eq. (9)
                         recon: bool = True,    # False: ablation without J_recon
                         softmax: bool = True,  # False: ablation without J_soft
                         recon_weight: float = 1.0, # 1: eq. (9); 1 - lambda: the official code
+                        softmax_factor: float = 1.0, # 1: eq. (9); 1e4: the official code's Softmax_factor
                        ) -> torch.Tensor:
-    "J_gen = J_recon + lambda * J_soft (eq. 9), with the paper's ablation switches."
+    "J_gen = recon_weight * J_recon + softmax_factor * lambda * J_soft (eq. 9 with the official code's factors), with the ablation switches."
     if not (recon or softmax): raise ValueError("the generator needs at least one of recon and softmax")
-    return (recon_weight * j_recon if recon else 0.) + (gen_lambda * j_soft if softmax else 0.)
+    return (recon_weight * j_recon if recon else 0.) + (softmax_factor * gen_lambda * j_soft if softmax else 0.)
 
 # %% ../../nbs/21_methods.hdml.ipynb #97d68f2f
 def synthesis_weight(j_gen: float, # running average of J_gen (inf before the first window)
@@ -118,6 +123,31 @@ class WindowAverage:
                         d: dict, # a `state_dict()` of a `WindowAverage`
                        ):
         self.total, self.count, self.value = d["total"], d["count"], d["value"]
+
+# %% ../../nbs/21_methods.hdml.ipynb #6367c140
+def official_triplet_loss(z: torch.Tensor, # (B, D) embeddings as the model gives them
+                          triplets, # (a, p, n) index tensors into z
+                          margin: float = 1.0, # the official margin
+                         ) -> torch.Tensor:
+    "The official code's triplet loss: sum over triplets of [|z_a - z_p|^2 - |z_a - z_n|^2 + margin]_+ (lib/Loss_ops.py, lines 164-168)."
+    a, p, n = triplets
+    z = _fp32(z)
+    return F.relu((z[a] - z[p]).pow(2).sum(1) - (z[a] - z[n]).pow(2).sum(1) + margin).sum()
+
+@torch.no_grad()
+def decay_penalty(optimizer: torch.optim.Optimizer, # the metric's optimiser (coupled weight decay: Adam, SGD)
+                 ) -> float:
+    "Sum over parameter groups of weight_decay / 2 * |theta|^2: the loss whose gradient coupled weight decay adds (the official wdLoss)."
+    terms = [g["weight_decay"] / 2 * torch.stack([_fp32(p).pow(2).sum() for p in g["params"]]).sum()
+             for g in optimizer.param_groups if g.get("weight_decay", 0) and g["params"]]
+    return float(sum(terms)) if terms else 0.0
+
+def official_j_m(j: float,      # the loss of the real tuples on the official scale: official_triplet_loss, or the N-pair loss
+                 decay: float,  # decay_penalty of the metric's optimiser
+                 weight: float, # exp(-beta / J_gen), the weight of eq. (11) at this step
+                ) -> float:
+    "J_m as the official code feeds its running mean: the weight of eq. (11) times (loss + weight-decay penalty) (main_triplet.py, lines 70, 112, 182)."
+    return weight * (j + decay)
 
 # %% ../../nbs/21_methods.hdml.ipynb #f2bdc6e6
 def random_triplets(labels: torch.Tensor, # (B,) class labels
@@ -193,12 +223,14 @@ def grouped_npair_loss(emb: torch.Tensor, # (M, D) embeddings
 class HDML(Method):
     "Hardness-aware deep metric learning (Zheng et al., CVPR 2019) with the triplet or the N-pair loss."
     presets: dict[str, dict] = {}   # filled below
-    def __init__(self, pulling_factor: float = 0.1, # alpha; 7 (triplet) / 90 (N-pair) at paper scale; 0 = no augmentation
+    def __init__(self, pulling_factor: float = 90.0, # alpha; 90 in the official code, 7 (triplet) / 90 (N-pair) in the paper; 0 = no augmentation
+                 j_m: str = "official",    # what J_avg averages: "official" (the code's J_m, see the text) or "loss" (the run's J(T))
                  beta: float = 20.0,       # balance factor of eq. (11); 1e4 at paper scale (see the text)
                  gen_lambda: float = 1.0,  # lambda of eq. (9), weight of J_soft
+                 softmax_factor: float = 1.0, # J_soft's further factor in J_gen: 1e4 in the official code (Softmax_factor)
                  lr_gen: float = 1e-3,     # Adam learning rate of the generator (1e-2 in the official code)
                  lr_softmax: float = 1e-2, # Adam learning rate of the softmax layer (1e-3 in the official code)
-                 window: int = 8,          # steps per running-average window (64 in the official code)
+                 window: int = 64,         # steps per running-average window (64 in the official code)
                  hidden: int = 512,        # width of the generator's first layer
                  recon: bool = True,       # ablation switch: False drops J_recon
                  softmax: bool = True,     # ablation switch: False drops J_soft
@@ -208,11 +240,25 @@ class HDML(Method):
         super().__init__()
         if not (recon or softmax): raise ValueError("the generator needs at least one of recon and softmax")
         if pulling_factor < 0 or beta < 0: raise ValueError(f"pulling_factor and beta must be >= 0, got {pulling_factor} and {beta}")
+        self.j_m = check_choice("j_m", j_m, ("official", "loss"), ConfigError, owner="HDML")
         self.pulling_factor, self.beta, self.gen_lambda = float(pulling_factor), float(beta), float(gen_lambda)
         self.lr_gen, self.lr_softmax, self.hidden, self.recon, self.softmax = lr_gen, lr_softmax, hidden, recon, softmax
-        self.recon_weight, self.triplet_batches, self.synthesize = recon_weight, triplet_batches, synthesize
+        self.recon_weight, self.softmax_factor = float(recon_weight), float(softmax_factor)
+        self.triplet_batches, self.synthesize = triplet_batches, synthesize
         self.j_avg, self.j_gen_avg = WindowAverage(window), WindowAverage(window)
         self.rng, self._pending = torch.Generator(), None
+
+# %% ../../nbs/21_methods.hdml.ipynb #ac6fa607
+from ..registry import ConfigError, LOSSES
+
+@patch
+def check(self: HDML, cfg):
+    "A triplet or N-pair loss (the tuples HDML synthesises); with `triplet_batches`, a batch of whole triples."
+    loss = LOSSES.get(cfg.loss)
+    if not issubclass(loss, (TripletLoss, NPairLoss)):
+        raise ConfigError(f"HDML synthesises triplet or N-pair tuples; loss={cfg.loss!r} is neither: use --loss triplet or --loss npair")
+    if self.triplet_batches and issubclass(loss, TripletLoss) and cfg.batch_size % 3:
+        raise ConfigError(f"triplet_batches: batch_size={cfg.batch_size} is not a multiple of 3 (anchor, positive, negative)")
 
 # %% ../../nbs/21_methods.hdml.ipynb #3a12e2e4
 @patch
@@ -278,34 +324,79 @@ def tuple_distances(z: torch.Tensor, # (N, D) embeddings
     if len(a) == 0: return z.new_tensor(float("nan")), z.new_tensor(float("nan"))
     return torch.linalg.norm(z[a] - z[p], dim=1).mean(), torch.linalg.norm(z[a] - z[n], dim=1).mean()
 
+@torch.no_grad()
+def violation_share(loss_fn: TripletLoss, # the run's triplet loss: its margin, distance and normalisation
+                    z: torch.Tensor, # (N, D) embeddings
+                    tuples, # (a, p, n) indices into z
+                   ) -> torch.Tensor:
+    "Share of the triplets `tuples` that violate the margin of `loss_fn`, i.e. have a positive loss (NaN for none)."
+    a, p, n = tuples
+    if len(a) == 0: return _fp32(z).new_tensor(float("nan"))
+    z = F.normalize(_fp32(z), dim=1) if loss_fn.normalize else _fp32(z)
+    dap, dan = (z[a] - z[p]).pow(2).sum(1), (z[a] - z[n]).pow(2).sum(1)
+    if not loss_fn.squared: dap, dan = dap.sqrt(), dan.sqrt()
+    return (dap - dan + loss_fn.margin > 0).float().mean()
+
 # %% ../../nbs/21_methods.hdml.ipynb #42aa8354
+@patch
+def schedule_input(self: HDML,
+                   trainer: TrainerView, # the run (its optimiser's weight decay)
+                   z: torch.Tensor, # (B, D) embeddings of the (global) batch
+                   real, # the real tuples' indices
+                   j_real: torch.Tensor, # J(T), the run's loss on them
+                   weight: float, # exp(-beta / J_gen) at this step
+                  ) -> float:
+    "J_m, the value J_avg averages: the official code's (`j_m='official'`) or the run's loss on the real tuples (`'loss'`)."
+    if self.j_m == "loss": return j_real.item()
+    j = official_triplet_loss(z.detach(), real) if self.mode == "triplet" else j_real.detach()
+    return official_j_m(j.item(), decay_penalty(trainer.optimizer), weight)
+
+@patch
+def hardness(self: HDML,
+             trainer: TrainerView, # the run (its loss's margin)
+             z: torch.Tensor, # (B, D) embeddings of the (global) batch
+             real, # the real tuples' indices into z
+             z_in: torch.Tensor | None = None, # the generator's input: real anchors and positives, pulled negatives
+             z_syn: torch.Tensor | None = None, # the synthetic embeddings g(i(z_in))
+             syn=None, # the synthetic tuples' indices into z_in and z_syn
+            ) -> dict:
+    "How hard the tuples are, to log: distances of positives and of real, pulled and synthetic negatives; shares of violating triplets."
+    (d_ap, d_an), out = tuple_distances(z, real), {}
+    if self.mode == "triplet": out["viol_real"] = violation_share(trainer.loss_fn, z, real)
+    if syn is None: return out | dict(d_ap=d_ap, d_an=d_an)
+    out |= dict(d_ap=d_ap, d_an=d_an, d_an_hat=tuple_distances(z_in, syn)[1], d_an_syn=tuple_distances(z_syn, syn)[1])
+    if self.mode == "triplet": out["viol_syn"] = violation_share(trainer.loss_fn, z_syn, syn)
+    return out
+
+# %% ../../nbs/21_methods.hdml.ipynb #d5549764
 @patch
 def objectives(self: HDML,
                trainer: TrainerView, # the run
                images: torch.Tensor, # this process's batch of images
                labels: torch.Tensor, # their labels
               ) -> dict:
-    "J(T), J(T~), J_metric (eq. 11), J_recon, J_soft, J_gen (eq. 9), the softmax layer's loss on real features, and tuple distances to log."
+    "J(T), J(T~), J_metric (eq. 11), J_recon, J_soft, J_gen (eq. 9), the softmax layer's loss on real features, J_m and the hardness to log."
     lam, w = pulling_lambda(self.j_avg.value, self.pulling_factor), synthesis_weight(self.j_gen_avg.value, self.beta)
     y = trainer.model.backbone(images)
     z, glabels = trainer.gather(trainer.model.head(y), labels)   # the global batch under torchrun (identity otherwise)
-    y, labels = trainer.gather(y, labels)[0], glabels            # features too: J_recon and J_soft are batch means
+    y, labels = trainer.gather(y, labels)[0], glabels            # features too: J_recon sums and J_soft averages over the global batch
     real, z_in, l_in, syn = self.real_and_synthetic(trainer, z, labels, lam)
     j_real = trainer.loss_fn(z, labels, real)
-    if not self.synthesize: return dict(lam=1.0, weight=1.0, j_real=j_real, j_metric=j_real)   # the baseline
+    j_m = self.schedule_input(trainer, z, real, j_real, w)
+    if not self.synthesize:   # the baseline
+        return dict(lam=1.0, weight=1.0, j_real=j_real, j_metric=j_real, j_m=j_m, **self.hardness(trainer, z, real))
     y_all = self.generator(torch.cat([z, z_in]))
     y_rec, y_syn = y_all[:len(z)], y_all[len(z):]
     z_syn = trainer.model.head(y_syn)
     j_syn = (grouped_npair_loss(z_syn, *syn, trainer.loss_fn.l2_reg) if self.mode == "npair"   # eq. (13) on T~
              else trainer.loss_fn(z_syn, l_in, syn))                                             # eq. (12) on T~
-    j_recon = reconstruction_loss(y_rec, y)                                                  # eq. (8)
-    j_soft = F.cross_entropy(self.classifier(y_syn), l_in) if len(l_in) else y_syn.sum() * 0
-    d_ap, d_an = tuple_distances(z, real)                              # how hard the real tuples are,
-    d_an_hat, d_an_syn = tuple_distances(z_in, syn)[1], tuple_distances(z_syn, syn)[1]   # the synthetic negatives
+    j_recon = reconstruction_loss(y_rec, y)                                                  # eq. (8), a sum
+    j_soft = F.cross_entropy(_fp32(self.classifier(y_syn)), l_in) if len(l_in) else y_syn.sum() * 0   # a mean
     return dict(lam=lam, weight=w, j_real=j_real, j_syn=j_syn, j_metric=metric_objective(j_real, j_syn, w),
-                j_recon=j_recon, j_soft=j_soft, d_ap=d_ap, d_an=d_an, d_an_hat=d_an_hat, d_an_syn=d_an_syn,
-                j_gen=generator_objective(j_recon, j_soft, self.gen_lambda, self.recon, self.softmax, self.recon_weight),
-                j_ce=F.cross_entropy(self.classifier(y.detach()), labels))
+                j_recon=j_recon, j_soft=j_soft, j_m=j_m, **self.hardness(trainer, z, real, z_in, z_syn, syn),
+                j_gen=generator_objective(j_recon, j_soft, self.gen_lambda, self.recon, self.softmax, self.recon_weight,
+                                          self.softmax_factor),
+                j_ce=F.cross_entropy(_fp32(self.classifier(y.detach())), labels))
 
 # %% ../../nbs/21_methods.hdml.ipynb #076e13d3
 def _grads_to(loss, params, retain: bool):
@@ -332,8 +423,8 @@ def batch_loss(self: HDML, trainer: TrainerView, images, labels) -> dict:
 
 @patch
 def after_step(self: HDML, trainer: TrainerView, logs: dict) -> dict:
-    "Feed the running averages behind lambda (J on the real tuples) and the weight of eq. (11) (J_gen)."
-    self.j_avg.update(logs["j_real"])
+    "Feed the running averages behind lambda (J_m) and the weight of eq. (11) (J_gen)."
+    self.j_avg.update(logs["j_m"])
     if "j_gen" in logs: self.j_gen_avg.update(logs["j_gen"])
     return {}
 
@@ -361,10 +452,12 @@ _paper = dict(backbone="googlenet", pretrained=True, embedding_dim=512, normaliz
               # not in the paper; the official run: 8000 iterations (~120 epochs of Cars196's 8054 images in batches of 120),
               # the CNN's and projector's rate halved at iterations 5632 and 6848 (70% and 86% of training: epochs 84 and 103)
               lr_schedule="multistep", lr_milestones=(84, 103), lr_gamma=0.5)
-_paper_hdml = dict(beta=1e4, gen_lambda=0.5, lr_gen=1e-3, lr_softmax=1e-3, window=64, hidden=512)   # Sec. 4.2; window: official
+_paper_hdml = dict(beta=1e4, gen_lambda=0.5, lr_gen=1e-3, lr_softmax=1e-3, hidden=512,   # Sec. 4.2
+                   j_m="official", window=64,                     # official: main_triplet.py l. 70, 112, 182; nn_Ops.py l. 196
+                   softmax_factor=1e4, recon_weight=0.5)          # official J_gen: main_triplet.py l. 118-120, FLAGS.py l. 38, 44
 HDML.presets = {
-    "paper-triplet": _paper | dict(loss="triplet", loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"), batch_size=120,
-                                   method_kwargs=_paper_hdml | dict(pulling_factor=7.0, triplet_batches=True)),
+    "paper-triplet": _paper | dict(loss="triplet", batch_size=120, method_kwargs=_paper_hdml | dict(pulling_factor=7.0, triplet_batches=True),
+                                   loss_kwargs=dict(margin=1.0, squared=True, reduction="sum", normalize=False)),  # Loss_ops.py l. 164-168
     "paper-npair": _paper | dict(loss="npair", loss_kwargs=dict(l2_reg=3e-3 / 4, normalize=False), batch_size=128, m_per_class=2,
                                  method_kwargs=_paper_hdml | dict(pulling_factor=90.0)),
 }
@@ -373,30 +466,68 @@ for _name, _kw in [("no-softmax", dict(softmax=False)), ("no-recon", dict(recon=
     for _loss in ("triplet", "npair"):
         _p = HDML.presets[f"paper-{_loss}"]
         HDML.presets[f"paper-{_loss}-{_name}"] = _p | dict(method_kwargs=_p["method_kwargs"] | _kw)
+_glyphs = dict(loss="triplet", loss_kwargs=dict(margin=1.0, squared=True, reduction="sum"),   # the official loss, on our embeddings
+               method_kwargs=dict(j_m="official", pulling_factor=90.0, window=64))            # the official schedule
+for _name, _kw in [("", {}), ("-baseline", dict(synthesize=False)), ("-no-softmax", dict(softmax=False)),
+                   ("-alpha7", dict(pulling_factor=7.0)), ("-alpha30", dict(pulling_factor=30.0))]:
+    HDML.presets[f"glyphs{_name}"] = _glyphs | dict(method_kwargs=_glyphs["method_kwargs"] | _kw)
 
 # %% ../../nbs/21_methods.hdml.ipynb #1e26fda9
-def plot_hardness(steps, # step records of an HDML run (`read_log`): `lam`, `weight`, `d_ap`, `d_an`, `d_an_hat`, `d_an_syn`
-                  axs=None, # two matplotlib axes (a new figure if None)
+HARDNESS_KEYS = ("lam", "weight", "j_real", "j_syn", "d_ap", "d_an", "d_an_hat", "d_an_syn", "viol_real", "viol_syn")
+
+def hardness_per_epoch(steps, # step records of an HDML run (`read_log`)
+                      ):
+    "Per epoch, the mean of each of `HARDNESS_KEYS` the log holds (older logs lack some: `viol_*` came later)."
+    return steps.groupby("epoch")[[k for k in HARDNESS_KEYS if k in steps]].mean()
+
+def _lines(ax, per, specs, **kw):
+    "Plot the columns of `per` named in `specs` (key, label, style); a note where the log has none of them."
+    shown = [ax.plot(per.index, per[k], style, ms=3, label=name) for k, name, style in specs if k in per]
+    if shown: ax.legend(fontsize=8)
+    else: ax.text(0.5, 0.5, "not logged by this run", ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.set(xlabel="epoch", **kw)
+
+# %% ../../nbs/21_methods.hdml.ipynb #5a9e3c11
+def plot_hardness(steps, # step records of an HDML run (`read_log`): `lam`, `weight`, `d_*`, `j_real`, `j_syn`, `viol_*` where logged
+                  axs=None, # four matplotlib axes (a new 2 x 2 figure if None)
                  ):
-    "lambda and the weight of the real tuples every iteration (left); per epoch, the mean distances of positives and of real, augmented and synthetic negatives (right)."
+    "lambda and the weight of the real tuples every iteration; per epoch, the distances to the anchor, the losses of real and synthetic triplets, and the shares that violate the margin."
     import matplotlib.pyplot as plt
-    a, b = axs if axs is not None else plt.subplots(1, 2, figsize=(10, 3.2), constrained_layout=True)[1]
+    a, b, c, d = axs if axs is not None else plt.subplots(2, 2, figsize=(10, 6.4), constrained_layout=True)[1].ravel()
     a.plot(steps.step, steps.lam, lw=0.8, label="λ (eq. 4)"); a.plot(steps.step, steps.weight, lw=0.8, label="weight of real tuples (eq. 11)")
     a.set(xlabel="iteration", ylim=(0, 1.02), title="hardness control"); a.legend(fontsize=8)
-    per = steps.groupby("epoch")[["d_ap", "d_an", "d_an_hat", "d_an_syn"]].mean()
-    for k, name, style in (("d_an", "real negative", "C3o-"), ("d_an_hat", "augmented negative (eq. 4)", "C1s--"),
-                           ("d_an_syn", "synthetic negative (generator)", "C4^-"), ("d_ap", "positive", "C0o-")):
-        b.plot(per.index, per[k], style, ms=3, label=name)
-    b.set(xlabel="epoch", ylabel="mean distance to the anchor", ylim=(0, None), title="how hard the tuples are"); b.legend(fontsize=8)
-    b.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    per = hardness_per_epoch(steps)
+    _lines(b, per, (("d_an", "real negative", "C3o-"), ("d_an_hat", "pulled negative (eq. 4)", "C1s--"),
+                    ("d_an_syn", "synthetic negative (generator)", "C4^-"), ("d_ap", "positive", "C0o-")),
+           ylabel="mean distance to the anchor", ylim=(0, None), title="how far the negatives are")
+    _lines(c, per, (("j_real", "J(T): real triplets", "C3o-"), ("j_syn", "J(T~): synthetic triplets", "C4^-")),
+           ylabel="loss per iteration", ylim=(0, None), title="which triplets cost more")
+    _lines(d, per, (("viol_real", "real triplets", "C3o-"), ("viol_syn", "synthetic triplets", "C4^-")),
+           ylabel="share violating the margin", ylim=(0, 1.02), title="which triplets are hard")
+    for ax in (b, c, d): ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     return a.figure
 
 # %% ../../nbs/21_methods.hdml.ipynb #618a167e
+def _num(x: float) -> str: return f"{x:.2f}" if abs(x) >= 0.01 or x == 0 else f"{x:.1e}"   # lambda falls far below 0.01
+
+def hardness_criterion(steps, # step records of an HDML run (`read_log`)
+                      ) -> dict:
+    "Are the synthetic triplets harder? Epochs after the first with J(T~) > J(T), and lambda's first and last epoch means."
+    per = hardness_per_epoch(steps)
+    later = per.iloc[1:]
+    above = int((later.j_syn > later.j_real).sum()) if "j_syn" in per else 0
+    return dict(syn_above_real=above, epochs_after_first=len(later), lam_first=float(per.lam.iloc[0]), lam_last=float(per.lam.iloc[-1]),
+                met=bool(2 * above >= len(later) > 0 and per.lam.iloc[-1] <= per.lam.iloc[0] / 2))
+
 def hardness_sentence(steps, # step records of an HDML run (`read_log`)
                      ) -> str:
-    "lambda in the first and the last epoch, and the last epoch's mean distances of positives and of real, augmented and synthetic negatives."
-    per = steps.groupby("epoch")[["lam", "d_ap", "d_an", "d_an_hat", "d_an_syn"]].mean()
+    "lambda over the run, the last epoch's distances to the anchor, and how often the synthetic triplets cost more and violate the margin."
+    per, c = hardness_per_epoch(steps), hardness_criterion(steps)
     f, l, e0, e1 = per.iloc[0], per.iloc[-1], per.index[0], per.index[-1]
-    return (f"λ averages {f.lam:.2f} in epoch {e0} and {l.lam:.2f} in epoch {e1}; in epoch {e1} the synthetic negatives lie at a mean "
-            f"distance of {l.d_an_syn:.2f} from their anchors (the augmented ones of eq. 4 at {l.d_an_hat:.2f}), against "
-            f"{l.d_an:.2f} for the real negatives and {l.d_ap:.2f} for the positives.")
+    s = f"λ averages {_num(f.lam)} in epoch {e0} and {_num(l.lam)} in epoch {e1}"
+    if len(per) > 2: s += f" ({_num(per.lam.iloc[1])} in epoch {per.index[1]})"
+    s += (f"; in epoch {e1} the synthetic negatives lie at a mean distance of {l.d_an_syn:.2f} from their anchors (the pulled ones of "
+          f"eq. 4 at {l.d_an_hat:.2f}), against {l.d_an:.2f} for the real negatives and {l.d_ap:.2f} for the positives.")
+    if "j_syn" in per: s += f" The synthetic triplets cost more than the real ones in {c['syn_above_real']} of the {c['epochs_after_first']} epochs after the first."
+    if "viol_syn" in per: s += f" In epoch {e1}, {l.viol_real:.0%} of the real and {l.viol_syn:.0%} of the synthetic triplets violate the margin."
+    return s

@@ -1,4 +1,4 @@
-"""Learn, with reinforcement learning, which distances the negatives of a triplet should be drawn from, while the network trains.
+"""Learn, with reinforcement learning, which distances the negatives of a triplet should be drawn from, while the network trains (Roth, Milbich, Ommer, CVPR 2020).
 
 Docs: https://dml-book.github.io/dml_book/methods.pads.html.md"""
 
@@ -19,12 +19,15 @@ from ..registry import METHODS, DATASETS, check_choice
 from ..data.core import LabelledSubset, build_split
 from .base import Method, TrainerView
 from ..distributed import on_main
-from .pads_policy import ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward, PolicyAlgorithm, AdvantageBaseline
+from .pads_policy import (ACTION_VALUES, TrainingState, PolicyLearner, apply_actions, reward, PolicyAlgorithm,
+                                          AdvantageBaseline, CriticTarget)
 
 # %% auto #0
-__all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'bin_index', 'BinnedDistribution', 'sample_triplets',
-           'DistanceWeighted', 'SemiHard', 'DistributionSampler', 'init_probs', 'validation_split', 'class_distances',
-           'PADS', 'plot_trajectory', 'distribution_means', 'plot_policy_run', 'distribution_sentence']
+__all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'NegativeSampler', 'SAMPLERS', 'bin_index',
+           'BinnedDistribution', 'sample_triplets', 'triplet_stats', 'DistanceWeighted', 'SemiHard',
+           'DistributionSampler', 'init_probs', 'validation_split', 'class_distances', 'PADS', 'plot_trajectory',
+           'distribution_means', 'plot_critic', 'plot_policy_run', 'distribution_sentence', 'critic_sentence',
+           'action_effects', 'reward_signal', 'signal_sentence']
 
 # %% ../../nbs/23_methods.pads.ipynb #cc532ebc
 def bin_index(d: Tensor, # distances, any shape
@@ -117,6 +120,18 @@ def sample_triplets(embeddings: Tensor, # (B, D) batch embeddings
     n = torch.multinomial(w.double(), 1, generator=generator).flatten() if len(a) else a
     return a, p, n
 
+
+# %% ../../nbs/23_methods.pads.ipynb #3a705b90
+def triplet_stats(embeddings: Tensor, # (B, D) the batch's embeddings
+                  labels: Tensor, # (B,) their labels
+                  triplets: tuple[Tensor, Tensor, Tensor], # (a, p, n) batch indices
+                 ) -> dict[str, float]:
+    "Number of triplets, share of negatives that share the anchor's label, mean d(a, p) and d(a, n) (NaN without triplets)."
+    a, p, n = triplets
+    if not len(a): return {"triplets": 0, "same_label_negatives": math.nan, "d_ap": math.nan, "d_an": math.nan}
+    e = embeddings.detach()
+    return {"triplets": len(a), "same_label_negatives": (labels[a] == labels[n]).double().mean().item(),
+            "d_ap": (e[a] - e[p]).norm(dim=1).mean().item(), "d_an": (e[a] - e[n]).norm(dim=1).mean().item()}
 
 # %% ../../nbs/23_methods.pads.ipynb #ec68b365
 class DistanceWeighted(nn.Module):
@@ -224,6 +239,8 @@ def class_distances(embeddings: Tensor, # (N, D) embeddings
 
 # %% ../../nbs/23_methods.pads.ipynb #247e108f
 STATE_METRICS = ("NMI", "intra", "inter")   # beside Recall@k at every k of `recall_ks`
+NegativeSampler = Literal["binned", "distance_weighted"]   # p over distance bins (PADS), or Wu et al.'s fixed weights (eq. 2)
+SAMPLERS = get_args(NegativeSampler)
 
 @METHODS.register("pads")
 class PADS(Method):
@@ -242,31 +259,45 @@ class PADS(Method):
                  policy_lr: float = 0.01, # learning rate of the policy
                  algorithm: PolicyAlgorithm = "ppo", # the policy update
                  baseline: AdvantageBaseline = "a2c", # the advantage's baseline: a critic or a moving average
+                 critic: CriticTarget = "reward", # the critic's target: reward (single-step episodes), metric (official), td
                  clip: float = 0.2, # PPO's clipping range epsilon
                  old_policy_every: int = 5, # policy steps between refreshes of PPO's old policy
                  windows=(2, 8, 16, 32), # lengths of the running averages in the state
                  history: int = 20, # recent metric vectors kept in the training state
                  recall_ks: tuple = (1, 2, 4, 8), # Recall@k of the state (SOP: 1, 10, 100, 1000)
-                 self_regularization: bool = True, # merge positives into the negative candidates (end of Sec. 4.2)
+                 self_regularization: bool = False, # merge positives into the negative candidates (end of Sec. 4.2)
                  sampling_rule: SamplingRule = "bin", # bin: the paper's p(I_n|I_a) = p_k; candidate: the official weighting
-                 adapt: bool = True, # False: train with the fixed initial distribution
+                 adapt: bool = True, # False: never adapt (the reward split is held out all the same)
+                 sampler: NegativeSampler = "binned", # binned: p (PADS); distance_weighted: Wu et al. (needs adapt=False)
                  seed: int = 0, # seed of the sampler, the policy's actions and the validation split
                 ):
         super().__init__()
-        check_choice("initial distribution", init, INITS)
+        check_choice("initial distribution", init, INITS); check_choice("sampler", sampler, SAMPLERS)
         if update_every < 1: raise ValueError(f"update_every must be at least 1, got {update_every}")
         if 1 not in recall_ks: raise ValueError(f"recall_ks must contain 1 (the reward uses Recall@1), got {recall_ks}")
+        if sampler == "distance_weighted" and adapt: raise ValueError("sampler='distance_weighted' is a fixed scheme: set adapt=False")
         self.distribution = BinnedDistribution(None, lambda_min, lambda_max, n_bins, sampling_rule)
         self.recall_ks = tuple(sorted(int(k) for k in recall_ks))
         self.metric_keys = (*(f"R@{k}" for k in self.recall_ks), *STATE_METRICS)
         self.train_state = TrainingState(len(self.metric_keys), windows, history)
         self.learner = PolicyLearner(self.train_state.dim(n_bins), n_bins, action_values, hidden, policy_lr,
-                                     algorithm, baseline, clip, old_policy_every)
+                                     algorithm, baseline, clip, old_policy_every, critic)
         self.init, self.update_every, self.val_fraction, self.val_by_class = init, update_every, val_fraction, val_by_class
-        self.self_regularization, self.adapt, self.seed = self_regularization, adapt, seed
+        self.self_regularization, self.adapt, self.sampler, self.seed = self_regularization, adapt, sampler, seed
         self.generator = torch.Generator().manual_seed(seed)
-        self.iteration, self.e_prev, self.s_prev, self.a_prev, self.trajectory, self.n_triplets = 0, None, None, None, [], 0
+        self.iteration, self.e_prev, self.s_prev, self.a_prev, self.trajectory, self.batch_stats = 0, None, None, None, [], {}
+        self.weighting = None   # Wu et al.'s `DistanceWeighted` (sampler='distance_weighted'), built in `setup`
 
+# %% ../../nbs/23_methods.pads.ipynb #ffec56e3
+from ..registry import ConfigError
+from ..config import loss_tuples, tuple_losses
+
+@patch
+def check(self: PADS, cfg):
+    "No miner (PADS samples the negatives) and a loss that uses the triplets it samples."
+    if cfg.miner: raise ConfigError(f"PADS samples each anchor's negative itself; miner={cfg.miner!r} would be ignored: leave it unset")
+    if loss_tuples(cfg) not in (3, 4):
+        raise ConfigError(f"loss {cfg.loss!r} forms no triplets or pairs and would ignore the sampled negatives: use {', '.join(tuple_losses(cfg))}")
 
 # %% ../../nbs/23_methods.pads.ipynb #d754ce68
 def _unwrap(ds, indices: np.ndarray):
@@ -276,10 +307,10 @@ def _unwrap(ds, indices: np.ndarray):
 
 @patch
 def setup(self: PADS, trainer):
-    "Hold out the validation images (embedded with the evaluation transform) and set the initial distribution."
+    "Hold out the validation images (embedded with the evaluation transform, in every arm) and set the initial distribution."
     self.distribution.set_probs(init_probs(self.init, self.distribution.centers, dim=trainer.model.embedding_dim))
     self.trajectory = [self.distribution.probs.tolist()]
-    if not self.adapt: return
+    if self.sampler == "distance_weighted": self.weighting = DistanceWeighted(trainer.model.embedding_dim)   # no state to save
     ds = trainer.train_ds
     tr, va = validation_split(ds.labels, self.val_fraction, self.val_by_class, self.seed)
     by_class = len(np.intersect1d(np.asarray(ds.labels)[tr], np.asarray(ds.labels)[va])) == 0
@@ -305,22 +336,25 @@ def sample(self: PADS,
            embeddings: Tensor, # (B, D) embeddings of the batch
            labels: Tensor, # (B,) their labels
           ) -> tuple[Tensor, Tensor, Tensor]:
-    "One (a, p, n) triplet per anchor from the current distribution (on the CPU, with the method's generator)."
-    a, p, n = sample_triplets(embeddings.detach().cpu(), labels.cpu(), self.distribution, self.self_regularization, self.generator)
+    "One (a, p, n) triplet per anchor from the current distribution, or Wu et al.'s weights (on the CPU, the method's generator)."
+    if self.sampler == "binned": weights = self.distribution
+    elif self.weighting is None: raise ValueError("sampler='distance_weighted' needs the embedding dimension: call setup(trainer) first")
+    else: weights = self.weighting
+    a, p, n = sample_triplets(embeddings.detach().cpu(), labels.cpu(), weights, self.self_regularization, self.generator)
     return a.to(labels.device), p.to(labels.device), n.to(labels.device)
 
 @patch
 def tuples(self: PADS, trainer: TrainerView, embeddings: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    "The loss's triplets (the trainer's `batch_loss` on the global batch): one per anchor, drawn from p."
+    "The loss's triplets (the trainer's `batch_loss` on the global batch): one per anchor, drawn from p; their `triplet_stats`."
     t = self.sample(embeddings, labels)
-    self.n_triplets = len(t[0])
+    self.batch_stats = triplet_stats(embeddings, labels, t)
     return t
 
 @patch
 def after_step(self: PADS, trainer: TrainerView, logs: dict) -> dict:
-    "Count the DML iteration; every `update_every` iterations, a policy step."
+    "Count the DML iteration and log the batch's `triplet_stats`; every `update_every` iterations, a policy step (if `adapt`)."
     self.iteration += 1
-    out = {"triplets": self.n_triplets}
+    out = dict(self.batch_stats)
     if self.adapt and self.iteration % self.update_every == 0: out.update(self.policy_step(trainer))
     return out
 
@@ -348,14 +382,14 @@ def policy_step(self: PADS,
                ) -> dict:
     "Validation metrics -> reward and policy update for the previous action -> new action -> new distribution."
     m = self.validation_metrics(trainer)
-    e = m["R@1"] + m["NMI"]  # e of the reward (Sec. 4.2)
+    e = (m["R@1"] + m["NMI"]) / 2  # e of the reward (Sec. 4.2: R@1 and NMI; their mean, as the published code, in [0, 1])
     self.train_state.push(torch.tensor([m[k] for k in self.metric_keys]))
     dev = self.distribution.probs.device
     s = self.train_state(self.distribution.probs, _progress(trainer)).to(dev)
     logs = {f"val_{k}": v for k, v in m.items()}
     if self.s_prev is not None:
         r = reward(e, self.e_prev)
-        logs.update(reward=r, **self.learner.update(self.s_prev, self.a_prev, r, s))
+        logs.update(reward=r, **self.learner.update(self.s_prev, self.a_prev, r, s, metric=e))
     a = self.learner.act(s, self.generator).to(dev)
     self.distribution.probs.copy_(apply_actions(self.distribution.probs, a, self.learner.action_values))
     self.e_prev, self.s_prev, self.a_prev = e, s, a
@@ -385,7 +419,7 @@ def _paper(dataset, beta, beta_lr, m_per_class, epochs, decay_at, update_every=3
                 loss="margin", loss_kwargs=dict(margin=0.2, beta=beta, learn_beta=True, per_class=True, beta_lr=beta_lr),
                 lr_backbone=1e-5, lr_head=1e-5, weight_decay=4e-4, epochs=epochs, method="pads", ks=ks,
                 method_kwargs=dict(update_every=update_every, val_fraction=fraction, val_by_class=by_class, init="uniform_low",
-                                   recall_ks=ks, self_regularization=True))
+                                   recall_ks=ks))
 # beta: one of Sec. 5's 0.6 and 1.2 (which one per dataset: the official runs). Not in the paper, from the official runs:
 # beta_lr, images per class, epochs, decay epoch, M (update_every; the paper: cross-validated in [30, 150]).
 # Reward split: 15% (Sec. 5); on SOP whole classes (official; see "The validation split"), still 15% of them.
@@ -415,18 +449,34 @@ def distribution_means(probs, # (T, K) distributions over the bins
     edges = np.asarray(edges, dtype=float)
     return np.asarray(probs, dtype=float) @ ((edges[1:] + edges[:-1]) / 2)
 
+def plot_critic(policy_steps, # the policy-step records of a PADS run (`value`, `reward`, `advantage` where logged)
+                ax, # matplotlib axes
+               ):
+    "Value, reward and advantage at every policy update, on a symlog axis (a diverged value stays readable)."
+    t, have = np.arange(1, len(policy_steps) + 1), [k for k in ("value", "reward", "advantage") if k in policy_steps and policy_steps[k].notna().any()]
+    ax.set(xlabel="policy step", title="the critic: value against reward")
+    if not have: ax.text(0.5, 0.5, "no critic values in this log", ha="center", va="center", transform=ax.transAxes); return ax
+    ax.axhspan(-1, 1, color="k", alpha=0.07, label="the reward's range")
+    if "advantage" in have: ax.bar(t, policy_steps.advantage, color="C2", alpha=0.5, label="advantage A")
+    if "value" in have: ax.plot(t, policy_steps.value, "C0.-", label="value V(s_t)")
+    if "reward" in have: ax.plot(t, policy_steps.reward, "C3o", ms=3, ls="none", label="reward r")
+    ax.set_yscale("symlog", linthresh=1); ax.legend(fontsize=7)
+    return ax
+
+# %% ../../nbs/23_methods.pads.ipynb #936cc07d
 def plot_policy_run(steps, # step records of a PADS run (`read_log`); the policy steps carry `pads_probs`
                     edges, # (K+1,) the distribution's bin edges
-                    axs=None, # two matplotlib axes (a new figure if None)
+                    axs=None, # three matplotlib axes (a new figure if None)
                    ):
-    "The distribution after every policy step (left); its mean distance and the validation Recall@1 behind the reward (right)."
+    "The distribution after every policy step; its mean distance beside the validation Recall@1; the critic (`plot_critic`)."
     import matplotlib.pyplot as plt
-    a, b = axs if axs is not None else plt.subplots(1, 2, figsize=(11, 3.2), constrained_layout=True)[1]
+    a, b, c = axs if axs is not None else plt.subplots(1, 3, figsize=(15, 3.2), constrained_layout=True)[1]
     pol = steps.dropna(subset=["pads_probs"])
     probs, t = np.array(pol.pads_probs.tolist(), dtype=float), np.arange(1, len(pol) + 1)
     plot_trajectory(probs, edges, ax=a)
     b.plot(t, distribution_means(probs, edges), "C0.-"); b.set(xlabel="policy step", ylabel="mean distance under p", title="the policy and its reward's signal")
-    r = b.twinx(); r.plot(t, pol["val_R@1"], "C1.-"); r.set_ylabel("validation Recall@1", color="C1"); b.yaxis.label.set_color("C0")
+    if "val_R@1" in pol: r = b.twinx(); r.plot(t, pol["val_R@1"], "C1.-"); r.set_ylabel("validation Recall@1", color="C1"); b.yaxis.label.set_color("C0")
+    plot_critic(pol, c)
     return a.figure
 
 # %% ../../nbs/23_methods.pads.ipynb #205a174d
@@ -441,3 +491,47 @@ def distribution_sentence(epochs, # epoch records of a PADS run (`read_log`): `p
     bin_ = lambda i: f"[{edges[i]:.2f}, {edges[i + 1]:.2f})"
     return (f"Over {int(e.policy_steps.iloc[-1])} policy steps the distribution's mean distance goes from {mean[0]:.3f} at the end "
             f"of epoch {first} to {mean[-1]:.3f} at epoch {last}, and its most likely bin from {bin_(k[0])} to {bin_(k[-1])}.")
+
+# %% ../../nbs/23_methods.pads.ipynb #090c24af
+def critic_sentence(steps, # step records of a PADS run (`read_log`)
+                   ) -> str:
+    "The range of the critic's value against the reward's, and how often the advantage has the reward's sign, in one sentence."
+    if "value" not in steps or steps.value.isna().all(): return "This log holds no critic values."
+    u = steps.dropna(subset=["value", "reward", "advantage"])
+    agree = int((np.sign(u.advantage) == np.sign(u.reward)).sum())
+    return (f"Over {len(u)} policy updates the critic's value lies between {u.value.min():.2f} and {u.value.max():.2f}, the reward "
+            f"between {u.reward.min():+.0f} and {u.reward.max():+.0f}; the advantage has the reward's sign in {agree} of the {len(u)} updates.")
+
+# %% ../../nbs/23_methods.pads.ipynb #fbdd4090
+def action_effects(steps, # step records of a PADS run (`read_log`): `pads_probs`, `reward` and, where logged, `d_an`
+                   edges, # (K+1,) the distribution's bin edges
+                  ) -> pd.DataFrame:
+    "Per rewarded action: its policy step, reward, shift of p's mean distance, and (with `d_an`) shift of the mean sampled d(a, n)."
+    import pandas as pd
+    columns = ["step", "reward", "p_shift", *(["d_an_shift"] if "d_an" in steps else [])]
+    if not {"pads_probs", "reward"} <= set(steps.columns): return pd.DataFrame(columns=columns)   # no policy steps (a fixed arm)
+    pol = steps.dropna(subset=["pads_probs"])
+    mu, at = distribution_means(np.array(pol.pads_probs.tolist(), dtype=float), edges), pol.step.to_numpy()
+    window = lambda lo, hi: steps.d_an[(steps.step > lo) & (steps.step <= hi)].mean()
+    rows = [dict(step=int(at[t]), reward=float(pol.reward.iloc[t]), p_shift=mu[t - 1] - mu[t - 2],
+                 **({"d_an_shift": window(at[t - 1], at[t]) - window(at[t - 2], at[t - 1])} if "d_an" in steps else {}))
+            for t in range(2, len(pol))]
+    return pd.DataFrame(rows, columns=columns)
+
+def reward_signal(steps, # step records of a PADS run (`read_log`)
+                  edges, # (K+1,) the distribution's bin edges
+                 ) -> dict[str, float]:
+    "Correlation of each effect of `action_effects` with the reward (NaN without spread), and the number of actions."
+    fx = action_effects(steps, edges).dropna()
+    corr = lambda x: float(np.corrcoef(x, fx.reward)[0, 1]) if len(fx) > 2 and x.std() > 0 and fx.reward.std() > 0 else math.nan
+    return {"actions": len(fx), **{k: corr(fx[k].astype(float)) for k in fx.columns if k.endswith("_shift")}}
+
+# %% ../../nbs/23_methods.pads.ipynb #0ff802d4
+def signal_sentence(steps, # step records of a PADS run (`read_log`)
+                    edges, # (K+1,) the distribution's bin edges
+                   ) -> str:
+    "`reward_signal` in one sentence."
+    s = reward_signal(steps, edges)
+    sampled = f", that of the mean sampled distance at {s['d_an_shift']:+.2f}" if "d_an_shift" in s else " (the sampled distances are not logged)"
+    return (f"Over {s['actions']} rewarded actions, the shift of the distribution's mean distance correlates with the reward "
+            f"at {s['p_shift']:+.2f}{sampled}.")

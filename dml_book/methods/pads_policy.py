@@ -15,8 +15,9 @@ from fastcore.basics import patch
 from ..registry import check_choice
 
 # %% auto #0
-__all__ = ['ACTION_VALUES', 'PolicyAlgorithm', 'AdvantageBaseline', 'ALGORITHMS', 'BASELINES', 'apply_actions', 'TrainingState',
-           'PolicyNet', 'log_prob', 'sample_actions', 'reward', 'ppo_objective', 'reinforce_objective', 'PolicyLearner']
+__all__ = ['ACTION_VALUES', 'PolicyAlgorithm', 'AdvantageBaseline', 'CriticTarget', 'ALGORITHMS', 'BASELINES', 'CRITICS',
+           'apply_actions', 'TrainingState', 'PolicyNet', 'log_prob', 'sample_actions', 'reward', 'ppo_objective',
+           'reinforce_objective', 'PolicyLearner']
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #0fcc4729
 ACTION_VALUES = (0.8, 1.0, 1.25) # {alpha, 1, beta}
@@ -133,7 +134,8 @@ def reinforce_objective(logp: Tensor, # log-probabilities of the taken actions
 # %% ../../nbs/23a_methods.pads_policy.ipynb #21903dd5
 PolicyAlgorithm = Literal["ppo", "reinforce"]   # the policy update: PPO's clipped ratio, or REINFORCE
 AdvantageBaseline = Literal["a2c", "ema"]   # what the reward is compared with: a critic (A2C), or a moving average
-ALGORITHMS, BASELINES = get_args(PolicyAlgorithm), get_args(AdvantageBaseline)
+CriticTarget = Literal["reward", "metric", "td"]   # what the critic regresses on: r (T = 1), the metric e (official), r + gamma V(s')
+ALGORITHMS, BASELINES, CRITICS = get_args(PolicyAlgorithm), get_args(AdvantageBaseline), get_args(CriticTarget)
 
 class PolicyLearner(nn.Module):
     "The PADS agent: a `PolicyNet`, its optimiser, and the PPO or REINFORCE update with an A2C or moving-average baseline."
@@ -147,18 +149,26 @@ class PolicyLearner(nn.Module):
                  baseline: AdvantageBaseline = "a2c", # the advantage's baseline
                  clip: float = 0.2, # PPO ratio clip epsilon
                  old_policy_every: int = 5, # PPO: refresh pi_old every this many updates
-                 gamma: float = 0.99, # A2C discount of the bootstrapped value
+                 critic: CriticTarget = "reward", # a2c: the critic's target (reward: single-step episodes, Sec. 4.2)
+                 gamma: float = 0.99, # discount of the bootstrapped value (critic "metric" and "td")
                  ema_rate: float = 0.05, # moving-average baseline rate
-                 value_coef: float = 0.5, # weight of the critic's squared error
+                 value_coef: float = 0.5, # weight of the critic's squared error (single-step: of twice its log-loss)
                 ):
         super().__init__()
         check_choice("algorithm", algorithm, ALGORITHMS); check_choice("baseline", baseline, BASELINES)
-        self.action_values, self.algorithm, self.baseline = tuple(action_values), algorithm, baseline
+        check_choice("critic", critic, CRITICS)
+        self.action_values, self.algorithm, self.baseline, self.critic = tuple(action_values), algorithm, baseline, critic
         self.clip, self.old_policy_every, self.gamma, self.ema_rate, self.value_coef = clip, old_policy_every, gamma, ema_rate, value_coef
         self.policy = PolicyNet(state_dim, n_bins, len(self.action_values), hidden)
         self.old_policy = copy.deepcopy(self.policy).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=lr)
         self.n_updates, self.reward_ema = 0, 0.0
+
+    def value_of(self,
+                 out: Tensor, # the value head's output
+                ) -> Tensor:
+        "The critic's estimate $V(s)$: $\\tanh(z/2)$ for the single-step critic (an expected reward of +-1), the output itself otherwise."
+        return torch.tanh(out / 2) if self.critic == "reward" else out
 
     def act(self,
             state: Tensor, # (state_dim,) state s_t
@@ -171,16 +181,22 @@ class PolicyLearner(nn.Module):
 @patch
 def advantage(self: PolicyLearner,
               r: float, # the reward
-              value: Tensor, # the critic's V(s_t)
+              value: Tensor, # the value head's output on s_t (critic "reward": the logit z of V(s_t) = tanh(z / 2))
               state_next: Tensor, # the state s_{t+1}
+              metric: float|None = None, # the reward metric e_{t+1} (critic "metric" regresses on it)
              ) -> tuple[Tensor, Tensor]:
     "The advantage $A$ and the critic loss (0 for the moving-average baseline)."
-    if self.baseline == "a2c":
-        with torch.no_grad(): target = r + self.gamma * self.policy(state_next)[1]
-        return (target - value).detach(), self.value_coef * (value - target) ** 2
-    adv = torch.tensor(r - self.reward_ema)
-    self.reward_ema = (1 - self.ema_rate) * self.reward_ema + self.ema_rate * r
-    return adv, torch.zeros(())
+    if self.baseline == "ema":
+        adv = torch.tensor(r - self.reward_ema)
+        self.reward_ema = (1 - self.ema_rate) * self.reward_ema + self.ema_rate * r
+        return adv, torch.zeros(())
+    if self.critic == "reward":   # T = 1: V(s) = E[r | s] = 2 P(r = +1 | s) - 1, a logistic regression on z
+        log_loss = F.binary_cross_entropy_with_logits(value, torch.tensor((1 + r) / 2, dtype=value.dtype))
+        return (r - self.value_of(value)).detach(), 2 * self.value_coef * log_loss
+    with torch.no_grad(): bootstrapped = r + self.gamma * self.policy(state_next)[1]
+    if self.critic == "td": return (bootstrapped - value).detach(), self.value_coef * (value - bootstrapped) ** 2
+    if metric is None: raise ValueError("critic='metric' regresses the value on the reward metric: pass metric=e")
+    return (bootstrapped - value).detach(), self.value_coef * (value - metric) ** 2              # the published code
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #ad05b745
 @patch
@@ -189,11 +205,12 @@ def update(self: PolicyLearner,
            actions: Tensor, # (K,) the actions a_t taken
            r: float, # the reward
            state_next: Tensor, # the state s_{t+1}
+           metric: float|None = None, # the reward metric e_{t+1} after the action (critic "metric")
           ) -> dict[str, float]:
-    "One policy-gradient step on the transition $(s_t, a_t, r, s_{t+1})$."
+    "One policy-gradient step on the transition $(s_t, a_t, r, s_{t+1})$; the loss, the advantage, $V(s_t)$, the critic's loss."
     logits, value = self.policy(state)
     lp = log_prob(logits, actions)
-    adv, value_loss = self.advantage(r, value, state_next)
+    adv, value_loss = self.advantage(r, value, state_next, metric)
     if self.algorithm == "ppo":
         with torch.no_grad(): lp_old = log_prob(self.old_policy(state)[0], actions)
         objective = ppo_objective(lp, lp_old, adv, self.clip)
@@ -202,7 +219,7 @@ def update(self: PolicyLearner,
     self.optimizer.zero_grad(); loss.backward(); self.optimizer.step()
     self.n_updates += 1
     if self.algorithm == "ppo" and self.n_updates % self.old_policy_every == 0: self.old_policy.load_state_dict(self.policy.state_dict())
-    return {"policy_loss": loss.item(), "advantage": float(adv), "value": value.item()}
+    return {"policy_loss": loss.item(), "advantage": float(adv), "value": self.value_of(value).item(), "critic_loss": value_loss.item()}
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #43d5c4ae
 @patch
