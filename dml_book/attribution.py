@@ -11,7 +11,7 @@ import numpy as np, pandas as pd
 from .study import study_frame, paired_difference, PRIMARY
 
 # %% auto #0
-__all__ = ['attribution_table', 'stored_study']
+__all__ = ['attribution_table', 'attribution_paragraph', 'stored_study']
 
 # %% ../nbs/11c_attribution.ipynb #fb781d1f
 def _paired(frame, a, b, confidence):
@@ -44,6 +44,29 @@ def attribution_table(root, # a study's folder: `<arm>/seed<k>/metrics.json`
         row["gap_closed"] = row["vs_method"] / gap if gap else np.nan
         rows.append(row)
     return pd.DataFrame(rows)
+
+# %% ../nbs/11c_attribution.ipynb #9061bfa3
+def _interval(lo, hi): return f"{lo:+.1f} to {hi:+.1f}"
+
+def attribution_paragraph(table: pd.DataFrame, # an `attribution_table`
+                          method: str = "the method", # the method's name in the sentences
+                          baseline: str = "the baseline", # the baseline's name
+                          metric: str = "test Recall@1 at the last epoch", # what the points measure
+                         ) -> str:
+    "The attribution in one paragraph: the method's gap to the baseline, then what each attribution arm changes."
+    rows = table.set_index("arm")
+    m = rows.iloc[1]
+    side = "trails" if m.vs_baseline < 0 else "leads"
+    out = [f"{method} {side} {baseline} by {abs(m.vs_baseline):.1f} points of {metric} "
+           f"({_interval(m.vs_baseline_low, m.vs_baseline_high)}, 95% interval, {m.seeds} seeds)."]
+    for arm, r in rows.iloc[2:].iterrows():
+        what = f"{r.change[0].upper()}{r.change[1:]}" if r.change else arm
+        if not (r.vs_method_low > 0 or r.vs_method_high < 0):
+            out.append(f"{what} leaves no measurable trace ({r.vs_method:+.1f} points, {_interval(r.vs_method_low, r.vs_method_high)}, {r.seeds} seeds).")
+        else:
+            out.append(f"{what} moves {method} by {r.vs_method:+.1f} points ({_interval(r.vs_method_low, r.vs_method_high)}, "
+                       f"{r.seeds} seeds), {r.gap_closed:.0%} of the gap.")
+    return " ".join(out)
 
 # %% ../nbs/11c_attribution.ipynb #25c938de
 def stored_study(name: str, # the study's folder under `results/`, e.g. "dmml"

@@ -72,11 +72,12 @@ def study_table(frame: pd.DataFrame, # a `study_frame`
                 baseline: str = "baseline", # the variant the others are compared with
                 confidence: float = 0.95, # level of the t-intervals
                ) -> pd.DataFrame:
-    "Per variant: seeds, mean and std of the metric (points), and the paired difference from `baseline` with its interval."
+    "Per variant: seeds, mean and std of the metric (points), and the paired difference from `baseline` with its interval (NaN below two paired seeds)."
     rows = []
     for name, g in frame.groupby("variant", sort=False):
         row = dict(variant=name, seeds=len(g), mean=100*g.value.mean(), std=100*g.value.std(ddof=1))
-        if name != baseline:
+        shared = g.seed.isin(frame[frame.variant == baseline].seed).sum()
+        if name != baseline and shared >= 2:   # an arm still running with one paired seed: no interval yet
             p = paired_difference(frame, name, baseline, confidence)
             row.update(diff=100*p["mean"], ci_low=100*p["low"], ci_high=100*p["high"])
         rows.append(row)

@@ -162,7 +162,8 @@ def test_stored_results_hold_no_absolute_path():
         elif isinstance(v, dict): yield from (x for vv in v.values() for x in strings(vv))
         elif isinstance(v, list): yield from (x for vv in v for x in strings(vv))
     for f in RESULTS.rglob("*.json"):
-        bad = [x for x in strings(json.loads(f.read_text())) if x.startswith(("/", "~")) or "/work/" in x or "/home/" in x]
+        bad = [x for x in strings(json.loads(f.read_text()))   # "/" alone is a glyph class's name in data.json, not a path
+               if (len(x) > 1 and x.startswith(("/", "~"))) or "/work/" in x or "/home/" in x]
         assert not bad, (f, bad[:3])
 
 
