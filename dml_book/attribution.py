@@ -60,8 +60,10 @@ def attribution_paragraph(table: pd.DataFrame, # an `attribution_table`
     out = [f"{method} {side} {baseline} by {abs(m.vs_baseline):.1f} points of {metric} "
            f"({_interval(m.vs_baseline_low, m.vs_baseline_high)}, 95% interval, {m.seeds} seeds)."]
     for arm, r in rows.iloc[2:].iterrows():
-        what = f"{r.change[0].upper()}{r.change[1:]}" if r.change else arm
-        if not (r.vs_method_low > 0 or r.vs_method_high < 0):
+        what = f"The arm with {r.change}" if r.change else f"The arm {arm}"
+        if not np.isfinite(r.vs_method_low):   # fewer than two seeds paired with the method
+            out.append(f"{what} has {r.seeds} seed(s) so far, too few for an interval.")
+        elif not (r.vs_method_low > 0 or r.vs_method_high < 0):
             out.append(f"{what} leaves no measurable trace ({r.vs_method:+.1f} points, {_interval(r.vs_method_low, r.vs_method_high)}, {r.seeds} seeds).")
         else:
             out.append(f"{what} moves {method} by {r.vs_method:+.1f} points ({_interval(r.vs_method_low, r.vs_method_high)}, "
