@@ -29,8 +29,8 @@ class PretrainConfig:
     size: int = 32                 # image side in pixels (glyphs-XL's)
     strength: float = 0.5          # distortion strength (the study's glyphs-XL)
     epochs: int = 3                # passes over the training images
-    batch_size: int = 128          # images per step
-    lr: float = 0.1                # SGD's peak learning rate, decayed to 0 on a cosine over all steps
+    batch_size: int = 64           # images per step
+    lr: float = 0.05               # SGD's peak learning rate, decayed to 0 on a cosine over all steps
     momentum: float = 0.9          # SGD's (Nesterov) momentum
     weight_decay: float = 5e-4     # on every parameter
     max_steps_per_epoch: int | None = None  # cap on steps per epoch (None: a full pass)
