@@ -176,9 +176,6 @@ def build_model(backbone: str = "smallcnn", # "smallcnn", "resnet18", "resnet50"
     check_choice("head", head, get_args(Head)); check_choice("backbone", backbone, ("smallcnn", *BACKBONES))
     if backbone == "smallcnn":
         if last_stride != 2: raise ValueError("last_stride applies to ResNet backbones, not smallcnn")
-        if freeze_bn and not weights_path:
-            raise ValueError("freeze_bn applies to pretrained torchvision backbones, and to smallcnn with weights_path (a pretrained "
-                             "one): this smallcnn has no weights to freeze")
         bb = SmallCNN(in_channels); dim = bb.feature_dim
         if weights_path: load_weights(bb, weights_path)
         if freeze_bn: bb = freeze_batchnorm(bb)
