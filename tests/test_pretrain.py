@@ -108,7 +108,7 @@ def test_a_wrong_weights_file_fails_in_one_line(tmp_path):
 
 
 def test_a_tiny_pretraining_run_learns_and_is_cached(cache, one_thread):
-    cfg = PretrainConfig(n_classes=16, epochs=8, batch_size=16, lr=0.05, log_every=4)
+    cfg = PretrainConfig(n_classes=16, images=4, held_out=1, epochs=8, batch_size=16, log_every=4)
     bb, rec = pretrain(cfg, cache)
     loss = [c["loss"] for c in rec["curve"]]
     assert abs(loss[0] - math.log(16)) < 0.5 and loss[-1] < 0.75 * loss[0]     # from a uniform guess, down
