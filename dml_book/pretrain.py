@@ -143,15 +143,15 @@ def zero_shot(weights_path: str | Path | None, # a pretrained smallcnn's state d
 # %% ../nbs/13_pretrain.ipynb #d772fa2c
 def plot_pretraining(record: dict, # `pretrain_record` of a backbone (or the record `pretrain` returns)
                     ):
-    "Training loss over steps (left) and accuracy per epoch, on the training and the held-out images (right)."
+    "Training loss over steps (left); accuracy per epoch, on the training images as it trained and on the held-out ones after (right)."
     import matplotlib.pyplot as plt
     fig, (ax, acc) = plt.subplots(1, 2, figsize=(9, 3.2), layout="constrained")
     ax.plot([c["step"] for c in record["curve"]], [c["loss"] for c in record["curve"]])
     ax.axhline(math.log(record["classes"]), ls=":", c="grey", label="uniform guess")
     ax.set(xlabel="step", ylabel="cross-entropy", title=f"softmax over {record['classes']} classes"); ax.legend()
     ep = record["epochs"]
-    acc.plot([e["epoch"] for e in ep], [e["train_acc"] for e in ep], marker="o", label="training images")
+    acc.plot([e["epoch"] for e in ep], [e["train_acc"] for e in ep], marker="o", label="training images (over the epoch)")
     if ep[0].get("held_out_acc") is not None:
         acc.plot([e["epoch"] for e in ep], [e["held_out_acc"] for e in ep], marker="o", label="held-out images")
-    acc.set(xlabel="epoch", ylabel="top-1 accuracy", ylim=(0, 1)); acc.legend()
+    acc.set(xlabel="epoch", ylabel="top-1 accuracy", ylim=(0, 1), xticks=[e["epoch"] for e in ep]); acc.legend()
     return fig

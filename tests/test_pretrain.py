@@ -11,7 +11,7 @@ from dml_book.data.builtin import cache_dir
 from dml_book.data.glyph_products import GlyphProducts, code_points
 from dml_book.data.glyph_pretrain import GlyphPretrain, check_disjoint
 from dml_book.models import SmallCNN, build_model
-from dml_book.pretrain import PretrainConfig, pretrain, pretrained_backbone, pretrain_record, zero_shot
+from dml_book.pretrain import PretrainConfig, backbone_path, pretrain, pretrained_backbone, pretrain_record, zero_shot
 from dml_book.registry import DATASETS
 from dml_book.study_design import STUDY_SETTINGS
 
@@ -131,3 +131,17 @@ def test_zero_shot_is_the_trainers_evaluation_before_any_step(tmp_path, cache, o
     theirs = t.evaluate()
     assert set(ours) == set(theirs) and all(ours[k] == pytest.approx(theirs[k], abs=1e-6) for k in ("R@1", "R@2", "R@8", "MAP@R"))
     assert 0 < ours["R@1"] < 1 and zero_shot(None, kw, root=cache)["R@1"] != ours["R@1"]
+
+
+def test_the_stored_backbone_loads_and_its_record_says_what_it_is():
+    "results/pretrain/seed0: the committed state dict fits the study's model; its record is the default setting's."
+    from pathlib import Path
+    import json
+    from dataclasses import asdict
+    store = Path(__file__).resolve().parents[1]/"results"/"pretrain"/"seed0"
+    if not (store/"smallcnn.pth").exists(): pytest.skip("no stored backbone")
+    rec = json.loads((store/"record.json").read_text())
+    assert rec["config"] == asdict(PretrainConfig()) and rec["weights"] == backbone_path().name
+    model = build_model("smallcnn", 128, weights_path=store/"smallcnn.pth", head="identity")
+    assert model(torch.rand(2, 1, 32, 32)).shape == (2, 128)
+    assert rec["zero_shot"]["R@1"] > rec["zero_shot_random"]["R@1"] and (store/"smallcnn.pth").stat().st_size < 2**20
