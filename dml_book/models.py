@@ -13,7 +13,7 @@ from .registry import check_choice
 
 # %% auto #0
 __all__ = ['BACKBONES', 'Head', 'EmbeddingHead', 'EmbeddingNet', 'SmallCNN', 'PretrainedWeightsUnavailable',
-           'torchvision_backbone', 'freeze_batchnorm', 'RepeatChannels', 'build_model']
+           'torchvision_backbone', 'freeze_batchnorm', 'load_weights', 'RepeatChannels', 'build_model']
 
 # %% ../nbs/07_models.ipynb #7d98494e
 class EmbeddingHead(nn.Module):
@@ -128,6 +128,27 @@ def freeze_batchnorm(module: nn.Module # a backbone whose `BatchNorm2d` layers a
         else: freeze_batchnorm(child)
     return module
 
+# %% ../nbs/07_models.ipynb #a40c0002
+def load_weights(module: nn.Module, # the backbone to load into
+                 weights_path: str | Path, # a file written by `torch.save(module.state_dict(), path)`
+                 name: str = "smallcnn", # what `module` is, for the error messages
+                ) -> nn.Module:
+    "`module` with the state dict of `weights_path`, every key and shape checked first (a one-line error otherwise)."
+    p = Path(weights_path)
+    if not p.is_file(): raise FileNotFoundError(f"weights file {p} does not exist")
+    try: state = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e: raise ValueError(f"weights file {p} is not a saved state dict ({type(e).__name__})") from None
+    if not isinstance(state, dict): raise ValueError(f"weights file {p} holds a {type(state).__name__}, not a state dict")
+    own = module.state_dict()
+    missing, extra = [k for k in own if k not in state], [k for k in state if k not in own]
+    if missing or extra:
+        raise ValueError(f"weights file {p} does not fit {name}: it lacks {len(missing)} of the model's keys {missing[:2]} "
+                         f"and has {len(extra)} the model has not {extra[:2]}")
+    bad = next((k for k in own if own[k].shape != state[k].shape), None)
+    if bad: raise ValueError(f"weights file {p} does not fit {name}: {bad} has shape {tuple(state[bad].shape)}, the model's {tuple(own[bad].shape)}")
+    module.load_state_dict(state)
+    return module
+
 # %% ../nbs/07_models.ipynb #34019ecb
 class RepeatChannels(nn.Module):
     "Repeat a single input channel `n` times."
@@ -145,7 +166,7 @@ Head = Literal["linear", "identity"]   # linear: a layer from the features to th
 def build_model(backbone: str = "smallcnn", # "smallcnn", "resnet18", "resnet50" or "googlenet"
                 embedding_dim: int = 64, # size of the embedding z
                 pretrained: bool = False, # ImageNet weights for torchvision backbones
-                weights_path: str | Path | None = None, # local weights file instead of a download
+                weights_path: str | Path | None = None, # local weights file: torchvision's instead of a download, or a pretrained smallcnn's
                 normalize: bool = True, # L2-normalise the embedding
                 in_channels: int = 1, # image channels (1 for the built-in data)
                 head: Head = "linear", # a layer on the backbone's features, or none (see `Head`)
@@ -155,8 +176,9 @@ def build_model(backbone: str = "smallcnn", # "smallcnn", "resnet18", "resnet50"
     check_choice("head", head, get_args(Head)); check_choice("backbone", backbone, ("smallcnn", *BACKBONES))
     if backbone == "smallcnn":
         if last_stride != 2: raise ValueError("last_stride applies to ResNet backbones, not smallcnn")
-        if freeze_bn: raise ValueError("freeze_bn applies to pretrained torchvision backbones, not smallcnn")
         bb = SmallCNN(in_channels); dim = bb.feature_dim
+        if weights_path: load_weights(bb, weights_path)
+        if freeze_bn: bb = freeze_batchnorm(bb)
     else:
         bb = torchvision_backbone(backbone, pretrained, weights_path, last_stride); dim = BACKBONES[backbone]
         if freeze_bn: bb = freeze_batchnorm(bb)

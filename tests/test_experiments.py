@@ -50,7 +50,7 @@ def test_papermill_sees_every_documented_parameter(path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "pretrain"])   # pretrain trains no metric-learning run: below
 def test_default_run_leaves_json_figures_and_the_executed_notebook(runs, name):
     out = runs/name
     executed = nbformat.read(str(out/f"{name}.ipynb"), as_version=4)
@@ -75,6 +75,22 @@ def test_default_run_leaves_json_figures_and_the_executed_notebook(runs, name):
     assert (summary["stage"] == "selected").all() and summary["mean"].map(math.isfinite).all()
     if name != "train_eval":   # built-in data: no row of the paper stands beside these runs
         assert pd.read_csv(out/"comparison.csv").empty
+
+
+@pytest.mark.slow
+def test_pretrain_run_leaves_its_record_zero_shot_metrics_and_figures(runs):
+    "The pretraining experiment: per seed a record (curve, accuracies, zero-shot metrics of the backbone and of a random one), two figures."
+    import pandas as pd
+    out = runs/"pretrain"
+    executed = nbformat.read(str(out/"pretrain.ipynb"), as_version=4)
+    assert not [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    rec = json.loads((out/"seed0"/"record.json").read_text())
+    assert {"config", "curve", "epochs", "zero_shot", "zero_shot_random", "weights"} <= set(rec)
+    assert rec["curve"] and all(math.isfinite(c["loss"]) for c in rec["curve"])
+    for key in ("zero_shot", "zero_shot_random"): assert 0 <= rec[key]["R@1"] <= rec[key]["R@8"] <= 1, rec[key]
+    summary = pd.read_csv(out/"summary.csv")
+    assert summary.zero_shot_R1.tolist() == [rec["zero_shot"]["R@1"]]
+    for f in ("training_curve.png", "zero_shot.png"): assert (out/f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.slow

@@ -7,3 +7,4 @@ from .retrieval import *
 from .reid import *
 from .glyph_products import *
 from .folder import *
+from .glyph_pretrain import *
