@@ -505,7 +505,7 @@ def critic_sentence(steps, # step records of a PADS run (`read_log`)
 # %% ../../nbs/23_methods.pads.ipynb #fbdd4090
 def action_effects(steps, # step records of a PADS run (`read_log`): `pads_probs`, `reward` and, where logged, `d_an`
                    edges, # (K+1,) the distribution's bin edges
-                  ) -> pd.DataFrame:
+                  ):   # a pandas DataFrame (pandas is imported when called)
     "Per rewarded action: its policy step, reward, shift of p's mean distance, and (with `d_an`) shift of the mean sampled d(a, n)."
     import pandas as pd
     columns = ["step", "reward", "p_shift", *(["d_an_shift"] if "d_an" in steps else [])]
