@@ -203,8 +203,8 @@ def run_arms(study: Study, # the study
             cfg = replace(study.arms[arm], seed=int(s), out=str(root/arm/f"seed{s}"))
             done = Path(cfg.out)/"metrics.json"
             if done.is_file() and _same_config(done, cfg): continue
-            if done.is_file():   # written by another configuration: kept aside, not mixed in
-                stale = Path(cfg.out).with_name(f"seed{s}.stale"); shutil.rmtree(stale, ignore_errors=True)
+            if done.is_file():   # written by another configuration: kept aside under a name no `seed*` pattern reads
+                stale = Path(cfg.out).with_name(f"stale-seed{s}"); shutil.rmtree(stale, ignore_errors=True)
                 Path(cfg.out).rename(stale); log(f"{arm}/seed{s}: stored by another configuration, moved to {stale.name}")
             todo.append((arm, int(s), cfg))
     if not todo: return []

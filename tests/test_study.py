@@ -132,7 +132,9 @@ def test_a_study_resumes_without_rerunning_finished_seeds_and_stores_no_absolute
     s.arms["wide"] = TrainConfig(**TINY, loss_kwargs={"margin": 0.6})                          # another configuration
     moved = []
     run_arms(s, {"wide": (0,)}, tmp_path, jobs=1, log=moved.append)
-    assert "stored by another configuration" in moved[0] and (tmp_path/"toy"/"wide"/"seed0.stale").is_dir()
+    assert "stored by another configuration" in moved[0] and (tmp_path/"toy"/"wide"/"stale-seed0").is_dir()
+    assert sorted(p.name for p in (tmp_path/"toy"/"wide").glob("seed*")) == ["seed0", "seed1"]  # kept aside: read as no seed
+    assert check_runs(s, tmp_path/"toy") == 2
     for f in (tmp_path/"toy").rglob("*.json"):
         assert str(tmp_path) not in f.read_text(), f                                            # no absolute path stored
     assert json.loads((tmp_path/"toy"/"wide"/"seed1"/"metrics.json").read_text())["config"]["out"] == "toy/wide/seed1"
