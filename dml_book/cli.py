@@ -1,4 +1,4 @@
-"""`dml-book train ...`: every field of `TrainConfig` as a flag, presets of the methods, one-line errors; `dml-book experiment NAME -p key value` runs an experiment notebook; `evaluate`, `embed`, `index`, `search` use a trained run; `list` names the choices.
+"""`dml-book train ...`: every field of `TrainConfig` as a flag, presets of the methods, one-line errors; `dml-book experiment NAME -p key value` runs an experiment notebook; `evaluate`, `embed`, `index`, `search` use a trained run; `list` names the choices; `dml-book pretrain` makes the pretrained backbone.
 
 Docs: https://dml-book.github.io/dml_book/cli.html.md"""
 
@@ -16,10 +16,10 @@ from .registry import (ConfigError, UnknownNameError, DATASETS, LOSSES, MINERS, 
 from .files import FileError, FIGURE_SUFFIXES, check_output, check_folder, refuse_links, save_figure   # no torch either
 
 # %% auto #0
-__all__ = ['CLI_DEFAULTS', 'LISTS', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'parser', 'results_table',
-           'evaluate_command', 'embed_command', 'index_command', 'search_command', 'catalogue', 'list_command',
-           'user_errors', 'read_config_file', 'dataset_defaults', 'train_command', 'experiment_command', 'one_line',
-           'error_line', 'main']
+__all__ = ['CLI_DEFAULTS', 'LISTS', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'check_pretrain', 'pretrain_command',
+           'parser', 'results_table', 'evaluate_command', 'embed_command', 'index_command', 'search_command',
+           'catalogue', 'list_command', 'user_errors', 'read_config_file', 'dataset_defaults', 'train_command',
+           'experiment_command', 'one_line', 'error_line', 'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
@@ -141,6 +141,75 @@ def check_inputs(args, # the parsed arguments of evaluate, embed, index or searc
     fig = getattr(args, "gallery_figure", None)
     if fig: check_output(fig, FIGURE_SUFFIXES, "choose another --gallery-figure")
 
+# %% ../nbs/10_cli.ipynb #9e172344
+def _or_none(convert):
+    "`convert`, or None for the words none, null or all (a `PretrainConfig` field typed `X | None`)."
+    return lambda s: None if s.lower() in ("none", "null", "all") else convert(s)
+
+def _add_pretrain_flags(p: argparse.ArgumentParser):
+    "Every field of `PretrainConfig` as a flag, then the command's own: the cache, a copy, the zero-shot test, progress."
+    from fastcore.docments import docments
+    from dml_book.pretrain import PretrainConfig
+    docs, defaults = docments(PretrainConfig), asdict(PretrainConfig())
+    for f in fields(PretrainConfig):
+        optional = str(f.type).endswith("| None")
+        conv = _or_none(_parse_type(str(f.type))) if optional else _parse_type(str(f.type))
+        help = f"{docs.get(f.name) or ''}{'; none for None' if optional else ''} (default: {'none' if defaults[f.name] is None else repr(defaults[f.name])})".replace("%", "%%")
+        p.add_argument("--" + f.name.replace("_", "-"), type=conv, help=help, metavar=f.name.upper(), default=argparse.SUPPRESS)
+    p.add_argument("--cache", default=None, metavar="DIR", help="cache folder of the images and of the backbone (default: cache_dir(), or $DML_BOOK_CACHE)")
+    p.add_argument("--out", default=None, metavar="FILE", help="also copy the backbone to FILE (.pth) and its record to FILE's .json")
+    p.add_argument("--zero-shot", action="store_true", help="also print the zero-shot Recall@1 of its features on glyphs-XL's test classes")
+    p.add_argument("--xl-kwargs", type=_json, default=None, metavar="JSON", help="that glyphs-XL's arguments (default: the study's)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="a line per epoch while it trains (default: True on a terminal)")
+
+# %% ../nbs/10_cli.ipynb #df060f6f
+def check_pretrain(cfg, # the `PretrainConfig`
+                   root=None, # the cache folder; None: `cache_dir()`
+                   xl_kwargs: dict | None = None, # the zero-shot glyphs-XL's arguments, if it is asked for
+                  ):
+    "One-line `ConfigError`s before any work: a count or rate out of range, an unknown optimiser, classes the fonts lack, a zero-shot glyphs-XL that shares classes with the pretraining."
+    from dml_book.data.glyph_pretrain import pretrain_code_points, check_disjoint, XL_CLASSES
+    from dml_book.registry import check_choice
+    from dml_book.config import positive_int, non_negative_int, non_negative_float
+    rules = {"images": (positive_int, "a positive integer"), "held_out": (non_negative_int, "an integer >= 0"),
+             "size": (positive_int, "a positive integer"), "strength": (non_negative_float, "a number >= 0"),
+             "epochs": (positive_int, "a positive integer"), "batch_size": (positive_int, "a positive integer"),
+             "lr": (lambda v: non_negative_float(v) and v > 0, "a positive number"), "momentum": (non_negative_float, "a number >= 0"),
+             "weight_decay": (non_negative_float, "a number >= 0"), "log_every": (positive_int, "a positive integer"),
+             "max_steps_per_epoch": (lambda v: v is None or positive_int(v), "a positive integer or none"),
+             "skip": (non_negative_int, "an integer >= 0"), "seed": (non_negative_int, "an integer >= 0")}
+    for k, (ok, expects) in rules.items():
+        if not ok(getattr(cfg, k)): raise ConfigError(f"--{k.replace('_', '-')} {getattr(cfg, k)}: expected {expects}")
+    check_choice("optimizer", cfg.optimizer, ("adam", "sgd"), ConfigError)
+    try: pretrain_code_points(cfg.skip, cfg.n_classes, root)
+    except ValueError as e: raise ConfigError(f"--n-classes/--skip: {e}") from None
+    if xl_kwargs is None: return
+    if not isinstance(xl_kwargs, dict): raise ConfigError(f"--xl-kwargs must be a JSON object of glyphs_xl's arguments, not {quote(xl_kwargs)}")
+    n = xl_kwargs.get("n_classes", XL_CLASSES)
+    if not positive_int(n): raise ConfigError(f"--xl-kwargs n_classes={quote(n)}: expected a positive integer")
+    try: check_disjoint(n, cfg.skip)
+    except ValueError as e: raise ConfigError(f"--xl-kwargs: {e}") from None
+
+def pretrain_command(args, # the parsed command-line arguments
+                    ) -> int:
+    "`dml-book pretrain`: the backbone of a `PretrainConfig`, found in the cache or trained now; its path, and its zero-shot R@1 if asked."
+    import shutil
+    from dml_book.pretrain import PretrainConfig, pretrained_backbone, zero_shot
+    from dml_book.study_design import STUDY_SETTINGS
+    cfg = PretrainConfig(**{f.name: getattr(args, f.name) for f in fields(PretrainConfig) if hasattr(args, f.name)})
+    xl = (STUDY_SETTINGS["dataset_kwargs"] if args.xl_kwargs is None else args.xl_kwargs) if args.zero_shot else None
+    check_pretrain(cfg, args.cache, xl)
+    out = check_output(args.out, (".pth", ".pt"), "choose another --out") if args.out else None   # before any work
+    path = pretrained_backbone(cfg, args.cache, sys.stdout.isatty() if args.progress is None else args.progress)
+    print(path)
+    if out:   # the weights and their record, which the trainer reads beside them (`backbone_record`)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, out); shutil.copy(path.with_suffix(".json"), out.with_suffix(".json"))
+        print(f"copied to {out} (its record: {out.with_suffix('.json')})")
+    if xl is not None:
+        print(f"zero-shot R@1 {zero_shot(path, xl, cfg.skip, args.cache)['R@1']:.4f} on glyphs_xl {json.dumps(xl)}, test classes")
+    return 0
+
 # %% ../nbs/10_cli.ipynb #d1f05b9b
 def parser(command: str|None = None, # build only this subcommand's `train` flags (None: all); see `main`
           ) -> argparse.ArgumentParser:
@@ -155,6 +224,8 @@ def parser(command: str|None = None, # build only this subcommand's `train` flag
         t.add_argument("--config", default=None, metavar="FILE",
                        help="a YAML or JSON file of the fields below (and preset); flags given here override it")
         _add_config_flags(t)
+    pt = sub.add_parser("pretrain", help="the backbone pretrained on the glyph classes glyphs-XL leaves out: cached, or trained now; prints its file")
+    if command in (None, "pretrain"): _add_pretrain_flags(pt)   # torch, as train's flags
     _add_run_commands(sub)
     e = sub.add_parser("experiment", help="run an experiment notebook with papermill; the executed notebook is saved beside its results")
     e.add_argument("name", help="an experiment of nbs/experiments (train_eval, hdml, ...) or a path to a notebook")
@@ -347,7 +418,8 @@ def error_line(e: BaseException, # an error to report
     return line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE - 3] + "..."
 
 INTERRUPTED = {"train": "every file written so far is whole: run the same command again to resume from the last checkpoint",
-               "experiment": "runs that finished are kept: run the same command again to train the rest"}
+               "experiment": "runs that finished are kept: run the same command again to train the rest",
+               "pretrain": "nothing was cached: run the same command again to train the backbone anew"}
 
 def _stdout_closed() -> bool:
     "Whether stdout is a pipe whose reader has gone (poll reports an error on it): a socket's broken pipe is another matter."
@@ -375,7 +447,7 @@ def main(argv: list[str] | None = None, # the arguments after `dml-book`; None: 
 
 def _run(argv: list[str], command: str | None) -> int:
     args = parser(command or "").parse_args(argv)   # `--help`, a usage error, a light command: no torch imported
-    commands = {"train": train_command, "experiment": experiment_command, "evaluate": evaluate_command,
+    commands = {"train": train_command, "pretrain": pretrain_command, "experiment": experiment_command, "evaluate": evaluate_command,
                 "embed": embed_command, "index": index_command, "search": search_command, "list": list_command}
     clean = False
     try:

@@ -18,7 +18,7 @@ from .data.core import Decoder, EvalProtocol
 __all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'FIELD_CHECKS', 'MAX_VALUES', 'MAX_DEPTH', 'positive_int',
            'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict', 'recall_ks', 'words',
            'one_of', 'bounded', 'check_fields', 'check_device', 'annotation_check', 'check_kwargs', 'check_own_loss',
-           'trial_loss', 'loss_tuples', 'tuple_losses', 'check_config']
+           'trial_loss', 'loss_tuples', 'tuple_losses', 'check_pretraining', 'check_config']
 
 # %% ../nbs/08d_config.ipynb #7ae02c2d
 from .registry import ConfigError   # one class for every configuration error (the data layer raises it too)
@@ -250,6 +250,20 @@ def tuple_losses(cfg, # the `TrainConfig` (its embedding size)
     from dml_book.registry import LOSSES
     return [n for n in LOSSES.names() if loss_tuples(replace(cfg, loss=n, loss_kwargs={})) in kinds]
 
+# %% ../nbs/08d_config.ipynb #bf5de40a
+def check_pretraining(cfg, # the `TrainConfig` to check
+                     ) -> None:
+    "Refuse a glyphs_xl run whose `weights_path` was pretrained (its record says) on some of that glyphs_xl's classes."
+    from dml_book.registry import DATASETS
+    from dml_book.data.glyph_products import GlyphProducts
+    from dml_book.data.glyph_pretrain import XL_CLASSES, check_disjoint
+    if not cfg.weights_path or DATASETS.get(cfg.dataset) is not GlyphProducts: return
+    from dml_book.pretrain import backbone_record   # on use: the pretraining chapter imports the models
+    rec, n = backbone_record(cfg.weights_path), cfg.dataset_kwargs.get("n_classes", XL_CLASSES)
+    if rec is None or not _int(n): return   # no record: not a backbone of ours; a bad n_classes: the dataset says so
+    try: check_disjoint(n, rec["config"]["skip"])
+    except ValueError as e: raise ConfigError(f"weights_path {cfg.weights_path} was pretrained on classes of this run's data: {e}") from None
+
 # %% ../nbs/08d_config.ipynb #17acf264
 def check_config(cfg, # the `TrainConfig` to check
                  method=None, # the `Method` object the trainer was given; None: `cfg.method` built from `cfg.method_kwargs`
@@ -261,6 +275,7 @@ def check_config(cfg, # the `TrainConfig` to check
     check_fields(cfg); check_device(cfg.device)
     check_choice("backbone", cfg.backbone, ("smallcnn", *BACKBONES), ConfigError)
     if cfg.pretrained and cfg.backbone == "smallcnn": raise ConfigError("pretrained=True: the smallcnn backbone has no pretrained weights")
+    check_pretraining(cfg)
     ds = DATASETS.get(cfg.dataset)
     check_choice("evaluation protocol", getattr(ds, "protocol", None), get_args(EvalProtocol), ConfigError, owner=f"dataset {cfg.dataset!r}")
     root = inspect.signature(ds).parameters.get("root")

@@ -13,14 +13,15 @@ import numpy as np, pandas as pd
 from .results import runs_frame, load_histories
 
 # %% auto #0
-__all__ = ['PRIMARY', 'SECONDARY', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS', 'LEGACY_NOTE',
-           'REFERENCE_SEED', 'seeds_needed', 'study_frame', 'paired_difference', 'study_table', 'plot_study_curves',
-           'verdict', 'study_facts', 'study_report', 'arms_table', 'incomplete', 'show_study', 'read_log',
-           'reference_run']
+__all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS',
+           'LEGACY_NOTE', 'REFERENCE_SEED', 'seeds_needed', 'study_frame', 'paired_difference', 'study_table',
+           'plot_study_curves', 'verdict', 'study_facts', 'study_report', 'metric_name', 'arms_table', 'incomplete',
+           'show_study', 'read_log', 'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
 SECONDARY = dict(metric="R@1", stage="selected")  # test Recall@1 at the epoch the validation split selects
+VALIDATION = dict(metric="val_R@1", stage="final") # validation Recall@1 at the last epoch: the primary metric of a study that chooses
 
 # %% ../nbs/11a_study.ipynb #2339cd63
 MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS = 5, 20, 3   # the power rule: at least 5 paired seeds, at most 20; ablations: 3
@@ -40,14 +41,26 @@ def seeds_needed(sd: float, # standard deviation of the paired differences (poin
 
 # %% ../nbs/11a_study.ipynb #37c897e5
 def study_frame(root, # the study's output folder
-                metric: str = PRIMARY["metric"], # the test metric
+                metric: str = PRIMARY["metric"], # a test metric (R@1), or a validation one (val_R@1)
                 stage: str = PRIMARY["stage"], # final (the last epoch) or selected (the validation split's epoch)
                ) -> pd.DataFrame:
-    "Variant, seed and test `metric` at `stage` of every run under `root`."
+    "Variant, seed and `metric` at `stage` of every run under `root`."
     d = runs_frame(root)
+    if metric.startswith("val_"): d = _on_validation(d, metric, stage)
     d = d[(d.metric == metric) & (d.stage == stage)]
     if d.empty: raise ValueError(f"no run under {root} reports {metric!r} at stage {stage!r}")
     return d[["variant", "method", "dataset", "seed", "stage", "epoch", "value"]].sort_values(["variant", "seed"]).reset_index(drop=True)
+
+def _on_validation(d: pd.DataFrame, metric: str, stage: str) -> pd.DataFrame:
+    "One row per run of `d` (a `runs_frame`): validation `metric` (val_...) at `stage`, from the run's `metrics.json`."
+    from dml_book.results import load_run
+    rows = []
+    for _, r in d.drop_duplicates("run").iterrows():
+        m = load_run(r.run)
+        last, sel = m["epochs"][-1], m.get("selected") or {}
+        epoch, value = (last.get("epoch"), last.get(metric)) if stage == "final" else (sel.get("epoch"), (sel.get("validation") or {}).get(metric[4:]))
+        if value is not None: rows.append({**r.to_dict(), "stage": stage, "epoch": epoch, "metric": metric, "value": float(value)})
+    return pd.DataFrame(rows, columns=d.columns)
 
 # %% ../nbs/11a_study.ipynb #13981d86
 def paired_difference(frame: pd.DataFrame, # a `study_frame`
@@ -140,7 +153,7 @@ def study_facts(folder, # a study's folder
 def study_report(method: str, # the method's folder under `results/`
                  root=None, # the results store (default: `results/` beside `nbs/` of this clone)
                  dataset: str = "glyphs-XL") -> dict | None: # the benchmark's name in the verdicts
-    "The stored study: primary `frame` and `table`, the `secondary` table, one verdict per arm, `facts`, `design`; None if none."
+    "The stored study: `primary` metric, its `frame` and `table`, the `secondary` table (of the `reported` metric), one verdict per arm, `facts`, `design`; None if none."
     from dml_book.results import experiments_dir
     import json
     root = Path(root) if root is not None else experiments_dir().parent.parent/"results"
@@ -150,14 +163,26 @@ def study_report(method: str, # the method's folder under `results/`
     base = design.get("baseline", "baseline")
     labels = {a: d["label"] for a, d in design.get("arms", {}).items()}
     name = lambda v: labels.get(v) or (v.upper() if v == method else v)   # the method under its paper's name: "HDML"
-    frame = study_frame(folder, **PRIMARY)
-    verdicts = [verdict(frame, v, baseline=base, dataset=dataset, label=name(v)) for v in frame.variant.unique()
+    primary = design.get("primary") or PRIMARY
+    reported = SECONDARY if primary == PRIMARY else PRIMARY   # a study decided on validation reports the test metric
+    frame = study_frame(folder, **primary)
+    verdicts = [verdict(frame, v, baseline=base, dataset=dataset, label=name(v), metric=primary["metric"].replace("val_", "validation "))
+                for v in frame.variant.unique()
                 if v != base and frame[frame.variant == v].seed.isin(frame[frame.variant == base].seed).sum() >= 2]
-    try: secondary = study_table(study_frame(folder, **SECONDARY), base)
+    try: secondary = study_table(study_frame(folder, **reported), base)
     except ValueError: secondary = None
     facts = study_facts(folder)
     return dict(root=folder, frame=frame, table=study_table(frame, base), secondary=secondary, verdicts=verdicts,
-                cpu_seconds=facts["cpu_seconds"], facts=facts, design=design, labels={v: name(v) for v in frame.variant.unique()})
+                cpu_seconds=facts["cpu_seconds"], facts=facts, design=design, labels={v: name(v) for v in frame.variant.unique()},
+                primary=primary, reported=reported)
+
+def metric_name(declared: dict, # a declared metric: `PRIMARY`, `SECONDARY`, `VALIDATION`
+               ) -> str:
+    "How a page names a declared metric, e.g. 'test Recall@1 at the last epoch'."
+    m = declared["metric"]
+    split, m = ("validation", m[4:]) if m.startswith("val_") else ("test", m)
+    when = "at the last epoch" if declared["stage"] == "final" else "at the epoch the validation split selects"
+    return f"{split} {m.replace('R@', 'Recall@')} {when}"
 
 # %% ../nbs/11a_study.ipynb #fd4c7886
 def arms_table(rep: dict, # a `study_report`
@@ -166,17 +191,22 @@ def arms_table(rep: dict, # a `study_report`
     t = rep["table"].set_index("variant")
     arms = rep["design"].get("arms", {})
     sec = rep["secondary"].set_index("variant") if rep["secondary"] is not None else None
-    rows = []
+    rows, metric = [], rep.get("primary", PRIMARY)["metric"].replace("val_", "validation ")
     for v in t.index:
         r = t.loc[v]
         differs = ", ".join(f"{k}={x}" for k, x in arms.get(v, {}).get("differs", {}).items()) or "—"
-        row = {"arm": rep["labels"].get(v, v), "differs in": differs, "seeds": int(r.seeds), "R@1": f"{r['mean']:.1f} ± {r['std']:.1f}"}
+        row = {"arm": rep["labels"].get(v, v), "differs in": differs, "seeds": int(r.seeds), metric: f"{r['mean']:.1f} ± {r['std']:.1f}"}
         if not pd.isna(r["diff"]):
             row["difference"] = f"{r['diff']:+.1f} (±{(r.ci_high - r.ci_low) / 2:.1f})"
             if sec is not None and v in sec.index and not pd.isna(sec.loc[v, "diff"]):
-                row["at the selected epoch"] = f"{sec.loc[v, 'diff']:+.1f} (±{(sec.loc[v, 'ci_high'] - sec.loc[v, 'ci_low']) / 2:.1f})"
+                row[_reported_column(rep)] = f"{sec.loc[v, 'diff']:+.1f} (±{(sec.loc[v, 'ci_high'] - sec.loc[v, 'ci_low']) / 2:.1f})"
         rows.append(row)
     return pd.DataFrame(rows).fillna("").set_index("arm")
+
+def _reported_column(rep: dict) -> str:
+    "The heading of the secondary difference: the selected epoch's, or the test metric's where a study is decided on validation."
+    r = rep.get("reported", SECONDARY)
+    return "at the selected epoch" if r == SECONDARY else f"test {r['metric']}"
 
 # %% ../nbs/11a_study.ipynb #4f368c92
 LEGACY_NOTE = ("This study was stored before the study rules of `dml_book.study_design`: three seeds, a constant learning "
@@ -206,7 +236,7 @@ def show_study(method: str, # the study's folder under `results/`
     elif (short := incomplete(rep)): print(short)
     display(Markdown("\n".join(f"- {v}" for v in rep["verdicts"])))
     cpu = f"{f['cpu_seconds'] / 60:.0f} CPU-minutes" if f["cpu_seconds"] else "CPU time not recorded"
-    print(f"Primary metric: test Recall@1 at the last epoch. {'/'.join(map(str, f['epochs']))} epochs of "
+    print(f"Primary metric: {metric_name(rep['primary'])}. {'/'.join(map(str, f['epochs']))} epochs of "
           f"{'/'.join(map(str, f['steps_per_epoch'])) or '?'} steps; {cpu} on {', '.join(f['devices']) or 'the CPU'}.")
     display(arms_table(rep))
     plot_study_curves(rep["root"])

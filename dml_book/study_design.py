@@ -10,13 +10,14 @@ import json, math, os, resource, shutil, sys, time
 from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 import numpy as np, pandas as pd
-from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, REFERENCE_SEED,
+from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, VALIDATION, REFERENCE_SEED,
                             MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS, TARGET_HALF_WIDTH)
 
 # %% auto #0
-__all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'study_config', 'plot_calibration', 'precision_check', 'StudyError',
-           'config_fields', 'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'train_one',
-           'run_arms', 'plan_seeds', 'describe', 'run_study', 'study_spec', 'study_variants']
+__all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'PRETRAINED_BACKBONE', 'PRETRAINED_SETTINGS', 'REGIMES',
+           'PRETRAINED_REGIME', 'study_config', 'plot_calibration', 'precision_check', 'StudyError', 'config_fields',
+           'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'train_one', 'run_arms', 'plan_seeds',
+           'describe', 'run_study', 'study_spec', 'study_variants', 'pretrained_config']
 
 # %% ../nbs/11b_study_design.ipynb #e5164b8b
 FAST_PATH = dict(precision="auto", channels_last=True)   # bf16 where the device has the units; benchmarks/study_run.py
@@ -105,6 +106,7 @@ class Study:
     main: tuple = ()     # arms compared with the baseline at the power rule's seeds; the others get `ABLATION_SEEDS`
     labels: dict = field(default_factory=dict)   # arm name -> how the page names it (default: the arm's name)
     baseline: str = "baseline"
+    primary: dict = field(default_factory=lambda: dict(PRIMARY))   # the metric that decides: `PRIMARY` (test), or `VALIDATION` for a study that chooses a setting
 
     def label(self, arm: str) -> str: return self.labels.get(arm, arm)
 
@@ -153,12 +155,18 @@ def _same_config(metrics_file: Path, cfg) -> bool:
     except (OSError, ValueError, KeyError): return False
     return not arm_differences(stored, asdict(cfg)) and stored.get("seed") == cfg.seed
 
-def _relative_paths(folder: Path, results: Path):
-    "Rewrite the run's stored configuration with paths relative to the results folder."
+def _relative_paths(folder: Path, results: Path, weights_path: str | None = None):
+    "Rewrite the run's stored configuration with paths relative to the results folder (`weights_path`: as the arm names it)."
     f = folder/"metrics.json"; m = json.loads(f.read_text())
     m["config"]["out"] = str(folder.resolve().relative_to(results.resolve()))
+    if "weights_path" in m["config"]: m["config"]["weights_path"] = weights_path
     if m["config"].get("data_root") and os.path.isabs(m["config"]["data_root"]): m["config"]["data_root"] = None
     f.write_text(json.dumps(m, indent=1))
+
+def _located(cfg, results):
+    "`cfg` with a relative `weights_path` (a file of the clone, as `PRETRAINED_BACKBONE`) found beside the results folder."
+    w = cfg.weights_path
+    return replace(cfg, weights_path=str(Path(results).resolve().parent/w)) if w and not os.path.isabs(w) else cfg
 
 def _threads(jobs: int) -> int:
     "Torch threads per run: OMP_NUM_THREADS where it is set, else the CPUs shared among `jobs` runs."
@@ -178,9 +186,9 @@ def train_one(cfg, # the run: its `out` is the run's folder
     torch.set_num_threads(threads)
     cpu = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
     c0, t0, out = cpu(), time.time(), Path(cfg.out)
-    trainer = Trainer(cfg); trainer.fit()
+    trainer = Trainer(_located(cfg, results)); trainer.fit()
     for name in ("checkpoint.pt", "best.pt", ".lock", *(() if keep_log else ("log.jsonl",))): (out/name).unlink(missing_ok=True)
-    _relative_paths(out, Path(results))
+    _relative_paths(out, Path(results), cfg.weights_path)
     info = dict(cpu_seconds=round(cpu() - c0, 1), wall_seconds=round(time.time() - t0, 1), threads=threads,
                 device=str(trainer.device), gpu=torch.cuda.get_device_name() if trainer.device.type == "cuda" else None)
     (out/"run.json").write_text(json.dumps(info))
@@ -228,7 +236,7 @@ def plan_seeds(study: Study, # the study
                min_seeds: int = MIN_SEEDS, max_seeds: int = MAX_SEEDS) -> dict:
     "Arm -> seeds the study needs now: the power rule on the stored pairs for the baseline and main arms, ablations fixed."
     n = min_seeds
-    frame = _stored_frame(root)
+    frame = _stored_frame(root, study.primary)
     for arm in study.main:
         if frame is None or arm not in set(frame.variant): continue
         try: p = paired_difference(frame, arm, study.baseline)
@@ -239,15 +247,15 @@ def plan_seeds(study: Study, # the study
     plan.update({a: STUDY_SEEDS[:ABLATION_SEEDS] for a in study.arms if a not in plan})
     return plan
 
-def _stored_frame(root):
-    try: return study_frame(root, PRIMARY["metric"], PRIMARY["stage"])
+def _stored_frame(root, primary: dict = PRIMARY):
+    try: return study_frame(root, primary["metric"], primary["stage"])
     except (ValueError, FileNotFoundError): return None
 
 # %% ../nbs/11b_study_design.ipynb #1e569bee
 def describe(study: Study) -> dict:
     "The study as the page prints it: shared settings, and per arm its label and the fields it declares."
     base = config_fields(study.arms[study.baseline])
-    return dict(name=study.name, baseline=study.baseline, main=list(study.main), primary=PRIMARY,
+    return dict(name=study.name, baseline=study.baseline, main=list(study.main), primary=study.primary,
                 settings={k: base[k] for k in sorted(base) if not any(k in arm_differences(c, study.arms[study.baseline]) for c in study.arms.values())},
                 arms={a: dict(label=study.label(a), declared=list(study.declared.get(a, ())),
                               differs={k: v[0] for k, v in arm_differences(c, study.arms[study.baseline]).items()})
@@ -268,7 +276,7 @@ def run_study(study: Study, # the study to run (or to finish)
         check_runs(study, root)
         if seeds is not None or not trained: break
     _record_time(root)
-    return study_frame(root, PRIMARY["metric"], PRIMARY["stage"])
+    return study_frame(root, study.primary["metric"], study.primary["stage"])
 
 def _record_time(root: Path):
     runs = [json.loads(f.read_text()) for f in sorted(root.rglob("seed*/run.json"))]
@@ -341,9 +349,17 @@ def _studies() -> dict:
         "calibration/budget": lambda: Study("calibration/budget",
                               {f"e{e}": base(epochs=e) for e in (20, 30)},
                               {"e30": ("epochs", "run.steps", "run.lr")}, baseline="e20"),
+        "pretrained/regime": lambda: Study("pretrained/regime", {r: base(**PRETRAINED_SETTINGS, **kw) for r, kw in REGIMES.items()},
+                              {"backbone-hundredth": ("lr_backbone", "run.lr"), "bn-trains": ("freeze_bn",),
+                               "same-rate": ("lr_backbone", "run.lr")},   # each a step from the papers' shape
+                              main=tuple(REGIMES)[1:], baseline="backbone-tenth", primary=VALIDATION,
+                              labels={"backbone-tenth": "backbone at 1/10 of the head's rate, BN frozen (the papers' shape)",
+                                      "backbone-hundredth": "backbone at 1/100", "bn-trains": "BatchNorm trains",
+                                      "same-rate": "one rate for both (the from-scratch rate)"}),
+        **{f"pretrained/{m}": (lambda m=m: _pretrained(m)) for m in ("ala", "hdml", "dcml", "pads", "dmml")},
     }
 
-def study_spec(name: str, # a study: ala, hdml, dcml, pads, dmml, calibration/precision, calibration/budget
+def study_spec(name: str, # a study: ala, hdml, dcml, pads, dmml, calibration/..., pretrained/regime, pretrained/<method>
               ) -> Study:
     "The study `name` as declared: arms with the shared settings, declared differences, main arms."
     from dml_book.registry import check_choice
@@ -355,3 +371,28 @@ def study_variants(name: str, # a study, as in `study_spec`
                   ) -> dict:
     "The arms of the study `name` (arm -> `TrainConfig`), the baseline first."
     return study_spec(name).arms
+
+# %% ../nbs/11b_study_design.ipynb #5b0e296c
+PRETRAINED_BACKBONE = "results/pretrain/seed0/smallcnn.pth"   # the stored pretrained backbone, a file of the clone (`_located`)
+PRETRAINED_SETTINGS = dict(weights_path=PRETRAINED_BACKBONE, epochs=10)   # every pretrained study: that backbone, a short schedule
+REGIMES = {   # candidate fine-tuning regimes (`TrainConfig` fields): the arms of the study pretrained/regime
+    "backbone-tenth": dict(lr_backbone=1e-4, lr_head=1e-3, freeze_bn=True),      # the papers' shape (ALA, HDML: 1e-4 and 1e-3)
+    "backbone-hundredth": dict(lr_backbone=1e-5, lr_head=1e-3, freeze_bn=True),  # the backbone barely moves
+    "bn-trains": dict(lr_backbone=1e-4, lr_head=1e-3, freeze_bn=False),          # BatchNorm statistics follow glyphs-XL
+    "same-rate": dict(lr_backbone=1e-3, lr_head=1e-3, freeze_bn=True),           # the from-scratch rate everywhere
+}
+PRETRAINED_REGIME = "backbone-tenth"   # chosen by results/pretrained/regime on validation classes (until it is run: the papers' shape)
+
+def pretrained_config(cfg, # a study arm's `TrainConfig`
+                      regime: str | None = None, # one of `REGIMES`; None: `PRETRAINED_REGIME`
+                     ):
+    "`cfg` fine-tuning the stored pretrained backbone (`PRETRAINED_SETTINGS`) in `regime`."
+    from dml_book.registry import check_choice
+    regime = regime or PRETRAINED_REGIME
+    check_choice("regime", regime, REGIMES)
+    return replace(cfg, **PRETRAINED_SETTINGS, **REGIMES[regime])
+
+def _pretrained(method: str) -> Study:
+    "The from-scratch study of `method` with every arm fine-tuning the pretrained backbone in `PRETRAINED_REGIME`."
+    s = _studies()[method]()
+    return replace(s, name=f"pretrained/{method}", arms={a: pretrained_config(c) for a, c in s.arms.items()})

@@ -1,8 +1,9 @@
 """The pretraining set (glyphs_pretrain) is disjoint from the study's glyphs-XL; a pretrained small CNN loads through
 `build_model` and the trainer exactly, wrong files fail in one line; a tiny pretraining run learns; the zero-shot
 metrics are the trainer's own evaluation."""
-import math, shutil
-from dataclasses import replace
+import json, math, shutil
+from dataclasses import asdict, replace
+from pathlib import Path
 from unittest import mock
 import numpy as np, pytest, torch
 import dml_book.data.glyph_pretrain as gpre
@@ -145,3 +146,55 @@ def test_the_stored_backbone_loads_and_its_record_says_what_it_is():
     model = build_model("smallcnn", 128, weights_path=store/"smallcnn.pth", head="identity")
     assert model(torch.rand(2, 1, 32, 32)).shape == (2, 128)
     assert rec["zero_shot"]["R@1"] > rec["zero_shot_random"]["R@1"] and (store/"smallcnn.pth").stat().st_size < 2**20
+
+
+def test_the_pretrain_command_caches_prints_and_refuses_bad_settings_in_one_line(cache, tmp_path, capsys, one_thread):
+    "`dml-book pretrain`: the cached file's path, a copy the trainer can check, the zero-shot R@1 as `zero_shot` gives it; errors in one line."
+    from dml_book.cli import main
+    from dml_book.pretrain import backbone_record
+    tiny = ["pretrain", "--cache", str(cache), "--n-classes", "6", "--images", "3", "--held-out", "1", "--epochs", "2",
+            "--batch-size", "6", "--seed", "3", "--no-progress"]
+    small = {"strength": 0.5, "n_classes": 20}
+    assert main([*tiny, "--out", str(tmp_path/"kept"/"bb.pth"), "--zero-shot", "--xl-kwargs", json.dumps(small)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    path = Path(out[0])
+    assert path == backbone_path(PretrainConfig(n_classes=6, images=3, held_out=1, epochs=2, batch_size=6, seed=3), cache)
+    rec = pretrain_record(path)
+    assert rec["classes"] == 6 and len(rec["epochs"]) == 2 and backbone_record(tmp_path/"kept"/"bb.pth") == rec
+    assert float(out[2].split()[2]) == pytest.approx(zero_shot(path, small, root=cache)["R@1"], abs=1e-4)
+    with mock.patch("dml_book.pretrain.pretrain", side_effect=AssertionError("trained again")):
+        assert main(tiny) == 0 and capsys.readouterr().out.strip() == str(path)   # found in the cache
+    for argv, msg in [(["--batch-size", "0"], "--batch-size 0: expected a positive integer"),
+                      (["--optimizer", "lamb"], "unknown optimizer 'lamb'; choose from: adam, sgd"),
+                      (["--n-classes", "1"], "n_classes must be between 2 and"),
+                      (["--skip", "1500", "--zero-shot"], "glyphs_xl with n_classes=2000 shares 500 code points with glyphs_pretrain (skip=1500)"),
+                      (["--out", str(tmp_path/"kept")], "kept: the output must end in .pth or .pt"),
+                      (["--out", str(tmp_path/"kept"/"bb.pth"/"x.pth")], "bb.pth is a file, not a folder; choose another --out")]:
+        assert main([*tiny, *argv]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1, (argv, err)
+
+
+def test_the_trainer_refuses_a_glyphs_xl_that_shares_classes_with_the_backbones_pretraining(tmp_path):
+    "Its record beside the weights (the cache's) or in their folder (a stored copy) names what the pretraining skipped."
+    from dml_book.registry import ConfigError
+    from dml_book.train import Trainer, TrainConfig
+    _, path = _saved(tmp_path)
+    cfg = TrainConfig(dataset="glyphs_xl", data_root=str(tmp_path/"no-data"), dataset_kwargs={"strength": 0.5, "n_classes": 2400},
+                      weights_path=str(path), out=str(tmp_path/"run"), device="cpu")
+    path.with_suffix(".json").write_text(json.dumps({"config": asdict(PretrainConfig())}))   # skip=2000
+    with pytest.raises(ConfigError, match=r"^weights_path .* was pretrained on classes of this run's data: glyphs_xl with "
+                                          r"n_classes=2400 shares 400 code points with glyphs_pretrain \(skip=2000\)"):
+        Trainer(cfg)   # before any image is rendered: data_root does not exist
+    assert not (tmp_path/"no-data").exists()
+    path.with_suffix(".json").unlink()
+    (tmp_path/"record.json").write_text(json.dumps({"config": asdict(replace(PretrainConfig(), skip=2400))}))
+    from dml_book.config import check_config
+    check_config(cfg)                                                               # skipped every class this run uses
+    (tmp_path/"record.json").write_text(json.dumps({"config": asdict(replace(PretrainConfig(), skip=2300))}))
+    with pytest.raises(ConfigError, match="n_classes=2400 shares 100 code points"): check_config(cfg)
+    store = Path(__file__).resolve().parents[1]/"results"/"pretrain"/"seed0"/"smallcnn.pth"
+    if store.exists():   # the stored backbone, as the pretrained studies use it: the study's glyphs-XL passes, a larger one not
+        check_config(replace(cfg, weights_path=str(store), dataset_kwargs=STUDY_SETTINGS["dataset_kwargs"]))
+        with pytest.raises(ConfigError, match="n_classes=2001 shares 1 code points"):
+            check_config(replace(cfg, weights_path=str(store), dataset_kwargs={"n_classes": 2001}))

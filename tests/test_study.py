@@ -140,10 +140,75 @@ def test_a_study_resumes_without_rerunning_finished_seeds_and_stores_no_absolute
     assert json.loads((tmp_path/"toy"/"wide"/"seed1"/"metrics.json").read_text())["config"]["out"] == "toy/wide/seed1"
 
 
+PRETRAINED = ("pretrained/regime", "pretrained/ala", "pretrained/hdml", "pretrained/dcml", "pretrained/pads", "pretrained/dmml")
+
+
 def test_every_declared_study_checks():
-    for name in ("ala", "hdml", "dcml", "pads", "dmml", "calibration/precision", "calibration/budget"):
+    for name in ("ala", "hdml", "dcml", "pads", "dmml", "calibration/precision", "calibration/budget", *PRETRAINED):
         s = study_spec(name); check_arms(s)
         assert s.baseline in s.arms and set(s.main) <= set(s.arms)
+
+
+def test_pretrained_studies_start_from_the_stored_backbone_and_the_regime_is_chosen_on_validation():
+    from dml_book.study import PRIMARY, VALIDATION
+    from dml_book.study_design import PRETRAINED_BACKBONE, PRETRAINED_REGIME, REGIMES, pretrained_config
+    regime = study_spec("pretrained/regime")
+    assert regime.primary == VALIDATION and set(regime.main) == set(regime.arms) - {regime.baseline} and len(regime.arms) >= 3
+    assert {c.method for c in regime.arms.values()} == {"baseline"} and PRETRAINED_REGIME in regime.arms
+    assert all(c.lr_backbone <= c.lr_head for c in regime.arms.values())
+    assert (Path(__file__).resolve().parents[1]/PRETRAINED_BACKBONE).is_file()
+    for m in ("ala", "hdml", "dcml", "pads", "dmml"):
+        p, scratch = study_spec(f"pretrained/{m}"), study_spec(m)
+        assert p.name == f"pretrained/{m}" and p.primary == PRIMARY and list(p.arms) == list(scratch.arms)
+        assert all(c == pretrained_config(scratch.arms[a]) and c.weights_path == PRETRAINED_BACKBONE
+                   and c.lr_backbone == REGIMES[PRETRAINED_REGIME]["lr_backbone"] for a, c in p.arms.items())
+
+
+def write_validated_run(root, variant, seed, val, test):
+    "A run whose last epoch holds validation R@1 `val` and test R@1 `test`."
+    run = dict(config=dict(method="baseline", dataset="glyphs_xl", loss="triplet", seed=seed), environment={},
+               epochs=[dict(epoch=10, kind="epoch", **{"R@1": test, "val_R@1": val})], final={"R@1": test},
+               selected=dict(epoch=10, validation={"R@1": val}, test={"R@1": test}))
+    p = root/variant/f"seed{seed}"; p.mkdir(parents=True, exist_ok=True)
+    (p/"metrics.json").write_text(json.dumps(run))
+
+
+def test_a_study_decided_on_validation_reads_plans_and_reports_the_validation_metric(tmp_path):
+    "Validation R@1 decides (frame, verdict, power rule); the test R@1 is the reported column."
+    from dml_book.study import VALIDATION, study_report, arms_table
+    from dml_book.study_design import describe, plan_seeds
+    from dml_book.train import TrainConfig
+    val_a, val_b = [0.60, 0.62, 0.61, 0.63, 0.60], [0.70, 0.69, 0.72, 0.71, 0.70]
+    for s in range(5):
+        write_validated_run(tmp_path/"regime", "slow", s, val_a[s], 0.5)
+        write_validated_run(tmp_path/"regime", "fast", s, val_b[s], 0.52)   # test: +2 points on every seed
+    s = Study("regime", {"slow": TrainConfig(lr_backbone=1e-4), "fast": TrainConfig()}, {"fast": ("lr_backbone",)},
+              main=("fast",), baseline="slow", primary=VALIDATION)
+    (tmp_path/"regime"/"study.json").write_text(json.dumps(describe(s)))
+    f = study_frame(tmp_path/"regime", **VALIDATION)
+    assert sorted(f.value[f.variant == "fast"]) == sorted(val_b)
+    d = np.array(val_b) - np.array(val_a)
+    assert math.isclose(paired_difference(f, "fast", "slow")["mean"], d.mean(), abs_tol=1e-12)
+    n = seeds_needed(100*d.std(ddof=1), lo=5)
+    assert n > 5 and plan_seeds(s, tmp_path/"regime")["fast"] == tuple(range(n))   # the rule on validation (test differences: sd 0)
+    rep = study_report("regime", root=tmp_path)
+    assert rep["primary"] == VALIDATION and rep["verdicts"][0].startswith(f"On glyphs-XL, fast changes validation R@1 by {100*d.mean():+.1f} ± ")
+    assert math.isclose(rep["secondary"].set_index("variant").loc["fast", "diff"], 100*0.02)   # test R@1, reported only
+    assert list(arms_table(rep).columns) == ["differs in", "seeds", "validation R@1", "difference", "test R@1"]
+
+
+def test_a_relative_weights_path_is_the_clones_and_is_stored_as_given(tmp_path, one_thread, monkeypatch):
+    "An arm's relative weights_path is found beside the results folder whatever the current folder, and stored relative."
+    import torch
+    from dml_book.models import SmallCNN
+    from dml_book.train import TrainConfig
+    (tmp_path/"bb").mkdir(); torch.save(SmallCNN(1).state_dict(), tmp_path/"bb"/"smallcnn.pth")
+    s = Study("toy", {"baseline": TrainConfig(**TINY, weights_path="bb/smallcnn.pth")}, {})
+    monkeypatch.chdir(tmp_path/"bb")   # the relative path does not exist from here
+    run_study(s, tmp_path/"results", jobs=1, seeds={"baseline": (0,)}, log=lambda *_: None)
+    stored = json.loads((tmp_path/"results"/"toy"/"baseline"/"seed0"/"metrics.json").read_text())["config"]
+    assert stored["weights_path"] == "bb/smallcnn.pth"
+    assert run_arms(s, {"baseline": (0,)}, tmp_path/"results", jobs=1) == []   # the same configuration: kept
 
 
 def test_study_config_applies_the_shared_settings():
