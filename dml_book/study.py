@@ -16,7 +16,7 @@ from .results import runs_frame, load_histories
 __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS',
            'LEGACY_NOTE', 'REFERENCE_SEED', 'seeds_needed', 'study_frame', 'paired_difference', 'study_table',
            'plot_study_curves', 'verdict', 'study_facts', 'study_report', 'metric_name', 'arms_table', 'incomplete',
-           'show_study', 'read_log', 'reference_run']
+           'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -162,7 +162,7 @@ def study_report(method: str, # the method's folder under `results/`
     design = json.loads((folder/"study.json").read_text()) if (folder/"study.json").exists() else {}
     base = design.get("baseline", "baseline")
     labels = {a: d["label"] for a, d in design.get("arms", {}).items()}
-    name = lambda v: labels.get(v) or (v.upper() if v == method else v)   # the method under its paper's name: "HDML"
+    name = lambda v: labels.get(v) or (v.upper() if v == method.split("/")[-1] else v)   # the method under its paper's name: "HDML" (also in `pretrained/hdml`)
     primary = design.get("primary") or PRIMARY
     reported = SECONDARY if primary == PRIMARY else PRIMARY   # a study decided on validation reports the test metric
     frame = study_frame(folder, **primary)
@@ -242,6 +242,31 @@ def show_study(method: str, # the study's folder under `results/`
     plot_study_curves(rep["root"])
     print(STUDY_LIMITS)
     return rep
+
+# %% ../nbs/11a_study.ipynb #2e17055d
+def main_verdict(rep: dict, # a `study_report`
+                 method: str, # the method's name, its arm in a study stored without a design
+                 dataset: str = "glyphs-XL", # the benchmark's name in the sentence
+                ) -> str | None:
+    "The verdict of the study's first main arm that has two seeds paired with the baseline (None when none has)."
+    d, f = rep["design"], rep["frame"]
+    base = d.get("baseline", "baseline")
+    paired = lambda a: f[f.variant == a].seed.isin(f[f.variant == base].seed).sum()
+    arm = next((a for a in (d.get("main") or [method]) if paired(a) >= 2), None)
+    if arm is None: return None
+    return verdict(f, arm, base, dataset, label=rep["labels"].get(arm, arm), metric=rep["primary"]["metric"].replace("val_", "validation "))
+
+def regimes(method: str, # the method's study under `results/`; its pretrained-regime study is `results/pretrained/<method>/`
+            root=None, # the results store (default: this clone's)
+            dataset: str = "glyphs-XL", # the benchmark's name in the sentences
+           ) -> str:
+    "One line per training regime, from scratch and from the pretrained backbone: the main arm's verdict, or that none is stored."
+    lines = []
+    for regime, folder in (("Trained from scratch", method), ("Fine-tuned from the pretrained backbone", f"pretrained/{method}")):
+        rep = study_report(folder, root, dataset)
+        said = main_verdict(rep, method, dataset) if rep is not None else None
+        lines.append(f"{regime}: {said}" if said else f"{regime}: no study with two paired seeds is stored under results/{folder}/ in this copy.")
+    return "\n".join(lines)
 
 # %% ../nbs/11a_study.ipynb #8c099e41
 def read_log(path, # a run's `log.jsonl`
