@@ -17,7 +17,7 @@ from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, VALID
 __all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'PRETRAINED_BACKBONE', 'PRETRAINED_SETTINGS', 'REGIMES',
            'PRETRAINED_REGIME', 'study_config', 'plot_calibration', 'precision_check', 'StudyError', 'config_fields',
            'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'train_one', 'run_arms', 'plan_seeds',
-           'describe', 'run_study', 'study_spec', 'study_variants', 'pretrained_config']
+           'describe', 'run_study', 'study_spec', 'study_variants', 'pretrained_config', 'chosen_regime']
 
 # %% ../nbs/11b_study_design.ipynb #e5164b8b
 FAST_PATH = dict(precision="auto", channels_last=True)   # bf16 where the device has the units; benchmarks/study_run.py
@@ -396,3 +396,17 @@ def _pretrained(method: str) -> Study:
     "The from-scratch study of `method` with every arm fine-tuning the pretrained backbone in `PRETRAINED_REGIME`."
     s = _studies()[method]()
     return replace(s, name=f"pretrained/{method}", arms={a: pretrained_config(c) for a, c in s.arms.items()})
+
+# %% ../nbs/11b_study_design.ipynb #dd34b3ab
+def chosen_regime(root, # the folder of the stored study `pretrained/regime`
+                  confidence: float = 0.95, # level of the paired t-interval
+                 ) -> str:
+    "The regime the stored `pretrained/regime` study chooses: the baseline unless another beats it with an interval above zero."
+    s = study_spec("pretrained/regime")
+    frame = study_frame(root, **s.primary)
+    wins = {}
+    for arm in s.main:
+        if arm not in set(frame.variant): continue
+        d = paired_difference(frame, arm, s.baseline, confidence)
+        if d["n"] >= 2 and d["low"] > 0: wins[arm] = d["mean"]
+    return max(wins, key=wins.get) if wins else s.baseline
