@@ -52,6 +52,7 @@ def attribution_paragraph(table: pd.DataFrame, # an `attribution_table`
                           method: str = "the method", # the method's name in the sentences
                           baseline: str = "the baseline", # the baseline's name
                           metric: str = "test Recall@1 at the last epoch", # what the points measure
+                          baselines: tuple = (), # arms that are other baselines, not changes to the method: compared with both
                          ) -> str:
     "The attribution in one paragraph: the method's gap to the baseline, then what each attribution arm changes."
     rows = table.set_index("arm")
@@ -61,13 +62,17 @@ def attribution_paragraph(table: pd.DataFrame, # an `attribution_table`
            f"({_interval(m.vs_baseline_low, m.vs_baseline_high)}, 95% interval, {m.seeds} seeds)."]
     for arm, r in rows.iloc[2:].iterrows():
         what = f"The arm with {r.change}" if r.change else f"The arm {arm}"
-        if not np.isfinite(r.vs_method_low):   # fewer than two seeds paired with the method
+        if arm in baselines and np.isfinite(r.vs_method_low):
+            out.append(f"Another baseline, {arm} ({r.change.removeprefix('baseline: ')}), scores {r.vs_baseline:+.1f} points against "
+                       f"{baseline} ({_interval(r.vs_baseline_low, r.vs_baseline_high)}) and {r.vs_method:+.1f} against {method} "
+                       f"({_interval(r.vs_method_low, r.vs_method_high)}, {r.seeds} seeds).")
+        elif not np.isfinite(r.vs_method_low):   # fewer than two seeds paired with the method
             out.append(f"{what} has {r.seeds} seed(s) so far, too few for an interval.")
         elif not (r.vs_method_low > 0 or r.vs_method_high < 0):
             out.append(f"{what} leaves no measurable trace ({r.vs_method:+.1f} points, {_interval(r.vs_method_low, r.vs_method_high)}, {r.seeds} seeds).")
         else:
             out.append(f"{what} moves {method} by {r.vs_method:+.1f} points ({_interval(r.vs_method_low, r.vs_method_high)}, "
-                       f"{r.seeds} seeds), {r.gap_closed:.0%} of the gap.")
+                       f"{r.seeds} seeds), " + (f"{r.gap_closed:.0%} of the gap." if r.gap_closed >= 0 else f"widening the gap by {-r.gap_closed:.0%}."))
     return " ".join(out)
 
 # %% ../nbs/11c_attribution.ipynb #25c938de

@@ -331,4 +331,4 @@ DMML.study_arms = {   # the episode's size lives in method_kwargs: batch_size an
     "dmml-episode-shape": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE, n_classes=32)),
     "dmml-normalised": dict(method="dmml", loss="triplet", method_kwargs=dict(_EPISODE, normalize_train=True))}
 DMML.attribution = {"all-triplet": "baseline: every triplet of class-balanced batches", # arm -> what it changes
-                    "dmml-episode-shape": "episodes of M = 32 classes", "dmml-normalised": "trains on the normalised embedding"}
+                    "dmml-episode-shape": "episodes of M = 32 classes", "dmml-normalised": "training on the normalised embedding"}
