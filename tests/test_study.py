@@ -272,3 +272,10 @@ def test_a_stored_method_study_is_the_declared_one(method):
     p = paired_difference(rep["frame"], spec.main[0], spec.baseline)
     first = [v for v in rep["verdicts"] if v.startswith(f"On glyphs-XL, {spec.label(spec.main[0])} changes")]
     assert first and f"{100*p['mean']:+.1f}" in first[0]
+
+
+def test_the_chosen_regime_is_the_stored_studys():
+    from dml_book.study_design import chosen_regime, PRETRAINED_REGIME
+    stored = RESULTS/"pretrained"/"regime"
+    if not stored.is_dir(): pytest.skip("this clone stores no regime study")
+    assert chosen_regime(stored) == PRETRAINED_REGIME
