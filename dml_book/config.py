@@ -256,9 +256,8 @@ def check_pretraining(cfg, # the `TrainConfig` to check
     "Refuse a glyphs_xl run whose `weights_path` was pretrained (its record says) on some of that glyphs_xl's classes."
     from dml_book.registry import DATASETS
     from dml_book.data.glyph_products import GlyphProducts
-    from dml_book.data.glyph_pretrain import XL_CLASSES, check_disjoint
+    from dml_book.data.glyph_pretrain import XL_CLASSES, check_disjoint, backbone_record
     if not cfg.weights_path or DATASETS.get(cfg.dataset) is not GlyphProducts: return
-    from dml_book.pretrain import backbone_record   # on use: the pretraining chapter imports the models
     rec, n = backbone_record(cfg.weights_path), cfg.dataset_kwargs.get("n_classes", XL_CLASSES)
     if rec is None or not _int(n): return   # no record: not a backbone of ours; a bad n_classes: the dataset says so
     try: check_disjoint(n, rec["config"]["skip"])

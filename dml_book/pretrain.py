@@ -11,13 +11,13 @@ from dataclasses import dataclass, asdict
 from pathlib import Path
 import numpy as np, matplotlib, torch, torch.nn as nn, torch.nn.functional as F
 from .data.builtin import cache_dir
-from .data.glyph_pretrain import GlyphPretrain, XL_CLASSES, check_disjoint
+from .data.glyph_pretrain import GlyphPretrain, XL_CLASSES, check_disjoint, backbone_record   # the record's reader lives with the data it guards
 from .models import SmallCNN, build_model
 from .registry import check_choice
 
 # %% auto #0
-__all__ = ['PretrainConfig', 'accuracy', 'pretrain', 'backbone_path', 'pretrained_backbone', 'pretrain_record', 'backbone_record',
-           'zero_shot', 'plot_pretraining']
+__all__ = ['PretrainConfig', 'accuracy', 'pretrain', 'backbone_path', 'pretrained_backbone', 'pretrain_record', 'zero_shot',
+           'plot_pretraining']
 
 # %% ../nbs/13_pretrain.ipynb #8d9fffb5
 @dataclass(frozen=True)
@@ -120,15 +120,6 @@ def pretrain_record(path: str | Path, # a file `pretrained_backbone` wrote
     "The record (configuration, training curve, per-epoch accuracies) stored beside a pretrained backbone."
     return json.loads(Path(path).with_suffix(".json").read_text())
 
-def backbone_record(weights_path: str | Path, # a weights file, perhaps a pretrained backbone
-                   ) -> dict | None:
-    "The pretraining record of a weights file: beside it (`pretrain_record`, the cache's) or its folder's `record.json` (a stored copy); None if neither."
-    p = Path(weights_path)
-    for f in (p.with_suffix(".json"), p.parent/"record.json"):
-        try: rec = json.loads(f.read_text())
-        except (OSError, ValueError): continue
-        if isinstance(rec, dict) and isinstance(rec.get("config"), dict) and "skip" in rec["config"]: return rec
-    return None
 
 # %% ../nbs/13_pretrain.ipynb #7adc9467
 def zero_shot(weights_path: str | Path | None, # a pretrained smallcnn's state dict; None: a randomly initialised backbone

@@ -16,7 +16,7 @@ from .builtin import InMemoryImages, BuiltinSplit
 from .glyph_products import GlyphProducts, code_points, font_coverage, render_class, _cached
 
 # %% auto #0
-__all__ = ['XL_CLASSES', 'pretrain_code_points', 'check_disjoint', 'render_glyph_pretrain', 'GlyphPretrain']
+__all__ = ['XL_CLASSES', 'pretrain_code_points', 'check_disjoint', 'backbone_record', 'render_glyph_pretrain', 'GlyphPretrain']
 
 # %% ../../nbs/01i_data.glyph_pretrain.ipynb #973f01b4
 XL_CLASSES = inspect.signature(GlyphProducts).parameters["n_classes"].default   # glyphs-XL's classes (train and test)
@@ -42,6 +42,17 @@ def check_disjoint(xl_classes: int = XL_CLASSES, # glyphs-XL's n_classes (its tr
     if xl_classes > skip:
         raise ValueError(f"glyphs_xl with n_classes={xl_classes} shares {xl_classes - skip} code points with glyphs_pretrain "
                          f"(skip={skip}): ask glyphs_xl for n_classes <= {skip}, or pretrain with skip >= {xl_classes}")
+
+def backbone_record(weights_path: str | Path, # a weights file, perhaps a pretrained backbone
+                   ) -> dict | None:
+    "The pretraining record of a weights file: beside it (`pretrain_record`, the cache's) or its folder's `record.json` (a stored copy); None if neither."
+    import json
+    p = Path(weights_path)
+    for f in (p.with_suffix(".json"), p.parent/"record.json"):
+        try: rec = json.loads(f.read_text())
+        except (OSError, ValueError): continue
+        if isinstance(rec, dict) and isinstance(rec.get("config"), dict) and "skip" in rec["config"]: return rec
+    return None
 
 # %% ../../nbs/01i_data.glyph_pretrain.ipynb #ec6ddba0
 _coverage = lru_cache(maxsize=1)(font_coverage)   # fontTools reads sixteen fonts' tables: seconds, once a session
