@@ -153,7 +153,7 @@ def study_facts(folder, # a study's folder
 def study_report(method: str, # the method's folder under `results/`
                  root=None, # the results store (default: `results/` beside `nbs/` of this clone)
                  dataset: str = "glyphs-XL") -> dict | None: # the benchmark's name in the verdicts
-    "The stored study: `primary` metric, its `frame` and `table`, the `secondary` table (of the `reported` metric), one verdict per arm, `facts`, `design`; None if none."
+    "The stored study: `primary` metric, its `frame` and `table`, the `secondary` table (of the `reported` metric), one verdict per arm (`verdicts`, and by arm `verdict_of`), `facts`, `design`; None if none."
     from dml_book.results import experiments_dir
     import json
     root = Path(root) if root is not None else experiments_dir().parent.parent/"results"
@@ -166,13 +166,13 @@ def study_report(method: str, # the method's folder under `results/`
     primary = design.get("primary") or PRIMARY
     reported = SECONDARY if primary == PRIMARY else PRIMARY   # a study decided on validation reports the test metric
     frame = study_frame(folder, **primary)
-    verdicts = [verdict(frame, v, baseline=base, dataset=dataset, label=name(v), metric=primary["metric"].replace("val_", "validation "))
-                for v in frame.variant.unique()
-                if v != base and frame[frame.variant == v].seed.isin(frame[frame.variant == base].seed).sum() >= 2]
+    verdict_of = {v: verdict(frame, v, baseline=base, dataset=dataset, label=name(v), metric=primary["metric"].replace("val_", "validation "))
+                  for v in frame.variant.unique()
+                  if v != base and frame[frame.variant == v].seed.isin(frame[frame.variant == base].seed).sum() >= 2}
     try: secondary = study_table(study_frame(folder, **reported), base)
     except ValueError: secondary = None
     facts = study_facts(folder)
-    return dict(root=folder, frame=frame, table=study_table(frame, base), secondary=secondary, verdicts=verdicts,
+    return dict(root=folder, frame=frame, table=study_table(frame, base), secondary=secondary, verdicts=list(verdict_of.values()), verdict_of=verdict_of,
                 cpu_seconds=facts["cpu_seconds"], facts=facts, design=design, labels={v: name(v) for v in frame.variant.unique()},
                 primary=primary, reported=reported)
 
@@ -246,15 +246,9 @@ def show_study(method: str, # the study's folder under `results/`
 # %% ../nbs/11a_study.ipynb #2e17055d
 def main_verdict(rep: dict, # a `study_report`
                  method: str, # the method's name, its arm in a study stored without a design
-                 dataset: str = "glyphs-XL", # the benchmark's name in the sentence
                 ) -> str | None:
     "The verdict of the study's first main arm that has two seeds paired with the baseline (None when none has)."
-    d, f = rep["design"], rep["frame"]
-    base = d.get("baseline", "baseline")
-    paired = lambda a: f[f.variant == a].seed.isin(f[f.variant == base].seed).sum()
-    arm = next((a for a in (d.get("main") or [method]) if paired(a) >= 2), None)
-    if arm is None: return None
-    return verdict(f, arm, base, dataset, label=rep["labels"].get(arm, arm), metric=rep["primary"]["metric"].replace("val_", "validation "))
+    return next((rep["verdict_of"][a] for a in (rep["design"].get("main") or [method]) if a in rep["verdict_of"]), None)
 
 def regimes(method: str, # the method's study under `results/`; its pretrained-regime study is `results/pretrained/<method>/`
             root=None, # the results store (default: this clone's)
@@ -264,7 +258,7 @@ def regimes(method: str, # the method's study under `results/`; its pretrained-r
     lines = []
     for regime, folder in (("Trained from scratch", method), ("Fine-tuned from the pretrained backbone", f"pretrained/{method}")):
         rep = study_report(folder, root, dataset)
-        said = main_verdict(rep, method, dataset) if rep is not None else None
+        said = main_verdict(rep, method) if rep is not None else None
         lines.append(f"{regime}: {said}" if said else f"{regime}: no study with two paired seeds is stored under results/{folder}/ in this copy.")
     return "\n".join(lines)
 
