@@ -387,7 +387,7 @@ def set_extra_state(self: ALA,
     "Restore what `get_extra_state` saved."
     if extra["assessor_opt"] is not None: self.assessor_opt.load_state_dict(extra["assessor_opt"])
     self.state = extra["state"]
-    self.generator.set_state(extra["generator"])
+    self.generator.set_state(extra["generator"].cpu())
 
 @patch
 def end_epoch(self: ALA, trainer, epoch: int) -> dict:

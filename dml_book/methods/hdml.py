@@ -440,7 +440,7 @@ def set_extra_state(self: HDML,
                     state: dict, # what `get_extra_state` returned
                    ):
     self.j_avg.load_state_dict(state["j_avg"]); self.j_gen_avg.load_state_dict(state["j_gen_avg"])
-    self.rng.set_state(state["rng"])
+    self.rng.set_state(state["rng"].cpu())
     if "opt_gen" not in state: return
     if not hasattr(self, "opt_gen"): self._pending = state; return
     self.opt_gen.load_state_dict(state["opt_gen"]); self.opt_softmax.load_state_dict(state["opt_softmax"])

@@ -406,7 +406,7 @@ def set_extra_state(self: PADS,
                     state: dict, # what `get_extra_state` returned
                    ):
     self.iteration, self.e_prev, self.s_prev, self.a_prev = state["iteration"], state["e_prev"], state["s_prev"], state["a_prev"]
-    self.generator.set_state(state["generator"]); self.trajectory = list(state["trajectory"])
+    self.generator.set_state(state["generator"].cpu()); self.trajectory = list(state["trajectory"])
 @patch
 def end_epoch(self: PADS, trainer, epoch: int) -> dict:
     "The distribution at the end of the epoch and the number of policy steps so far."

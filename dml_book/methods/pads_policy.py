@@ -67,7 +67,7 @@ def forward(self: TrainingState,
     hist = self.metrics[-self.history:]
     hist = torch.cat([hist[:1].expand(self.history - len(hist), -1), hist])
     avgs = torch.stack([self.metrics[-w:].mean(0) for w in self.windows])
-    return torch.cat([hist.flatten(), avgs.flatten(), probs.float().flatten(), torch.tensor([float(progress)])])
+    return torch.cat([hist.flatten(), avgs.flatten(), probs.float().flatten().to(hist.device), torch.tensor([float(progress)])])
 @patch
 def get_extra_state(self: TrainingState) -> dict: return {"metrics": self.metrics.clone()}
 @patch
