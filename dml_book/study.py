@@ -16,7 +16,7 @@ from .results import runs_frame, load_histories
 __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS',
            'LEGACY_NOTE', 'REFERENCE_SEED', 'seeds_needed', 'study_frame', 'paired_difference', 'study_table',
            'plot_study_curves', 'verdict', 'study_facts', 'study_report', 'metric_name', 'arms_table', 'incomplete',
-           'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run']
+           'short_of_power', 'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -194,7 +194,7 @@ def arms_table(rep: dict, # a `study_report`
     rows, metric = [], rep.get("primary", PRIMARY)["metric"].replace("val_", "validation ")
     for v in t.index:
         r = t.loc[v]
-        differs = ", ".join(f"{k}={x}" for k, x in arms.get(v, {}).get("differs", {}).items()) or "—"
+        differs = ", ".join(_difference(k, x, arms[v].get("baseline", {})) for k, x in arms.get(v, {}).get("differs", {}).items()) or "—"
         row = {"arm": rep["labels"].get(v, v), "differs in": differs, "seeds": int(r.seeds), metric: f"{r['mean']:.1f} ± {r['std']:.1f}"}
         if not pd.isna(r["diff"]):
             row["difference"] = f"{r['diff']:+.1f} (±{(r.ci_high - r.ci_low) / 2:.1f})"
@@ -202,6 +202,12 @@ def arms_table(rep: dict, # a `study_report`
                 row[_reported_column(rep)] = f"{sec.loc[v, 'diff']:+.1f} (±{(sec.loc[v, 'ci_high'] - sec.loc[v, 'ci_low']) / 2:.1f})"
         rows.append(row)
     return pd.DataFrame(rows).fillna("").set_index("arm")
+
+def _difference(field: str, value, baseline: dict) -> str:
+    "`field=value`, `default` for a field the arm leaves unset, and the baseline's value where the study recorded it."
+    shown = lambda x: "default" if x is None else x
+    said = f"{field}={shown(value)}"
+    return f"{said} (baseline: {shown(baseline[field])})" if field in baseline else said
 
 def _reported_column(rep: dict) -> str:
     "The heading of the secondary difference: the selected epoch's, or the test metric's where a study is decided on validation."
@@ -223,6 +229,27 @@ def incomplete(rep: dict, # a `study_report`
     return (f"This study is not finished: {which} of the "
             f"at least {MIN_SEEDS} paired seeds the power rule asks for; `run_study` resumes it where it stopped.")
 
+def short_of_power(rep: dict, # a `study_report`
+                  ) -> str | None:
+    "A sentence per main arm whose interval is wider than the power rule aims at: the seeds it has and the seeds the rule asks now (None when every main arm meets the rule)."
+    d, said = rep["design"], []
+    for a in d.get("main", ()):
+        try: p = paired_difference(rep["frame"], a, d.get("baseline", "baseline"))
+        except ValueError: continue
+        half, name = 100 * (p["high"] - p["low"]) / 2, rep["labels"].get(a, a)
+        if half <= TARGET_HALF_WIDTH: continue
+        if p["n"] >= MAX_SEEDS:
+            said.append(f"{name} has the power rule's cap of {MAX_SEEDS} paired seeds: its interval stays at ±{half:.1f} points, wider than the ±{TARGET_HALF_WIDTH:.1f} the rule aims at.")
+        else:
+            from scipy import stats
+            sd, need = 100 * p["std"], seeds_needed(100 * p["std"], TARGET_HALF_WIDTH, lo=p["n"] + 1, hi=MAX_SEEDS)
+            reach = stats.t.ppf(0.975, need - 1) * sd / math.sqrt(need)   # the half-width `need` seeds give at this sd
+            asks = (f"asks for {need} to reach ±{TARGET_HALF_WIDTH:.1f}" if reach <= TARGET_HALF_WIDTH else
+                    f"asks for its cap of {MAX_SEEDS}, which reaches ±{reach:.1f}")
+            said.append(f"{name} has {p['n']} paired seeds and an interval of ±{half:.1f} points; with the paired sd these seeds show "
+                        f"({sd:.1f} points) the power rule {asks}; `run_study` adds them.")
+    return " ".join(said) or None
+
 def show_study(method: str, # the study's folder under `results/`
                root=None, # the results store (default: this clone's)
                dataset: str = "glyphs-XL", # the benchmark's name in the verdicts
@@ -233,7 +260,7 @@ def show_study(method: str, # the study's folder under `results/`
     if rep is None: print(f"no stored study under results/{method}/ in this copy of the book"); return None
     f = rep["facts"]
     if not rep["design"]: print(LEGACY_NOTE)
-    elif (short := incomplete(rep)): print(short)
+    elif (short := incomplete(rep) or short_of_power(rep)): print(short)
     display(Markdown("\n".join(f"- {v}" for v in rep["verdicts"])))
     cpu = f"{f['cpu_seconds'] / 60:.0f} CPU-minutes" if f["cpu_seconds"] else "CPU time not recorded"
     print(f"Primary metric: {metric_name(rep['primary'])}. {'/'.join(map(str, f['epochs']))} epochs of "

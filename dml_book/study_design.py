@@ -258,20 +258,21 @@ def describe(study: Study) -> dict:
     return dict(name=study.name, baseline=study.baseline, main=list(study.main), primary=study.primary,
                 settings={k: base[k] for k in sorted(base) if not any(k in arm_differences(c, study.arms[study.baseline]) for c in study.arms.values())},
                 arms={a: dict(label=study.label(a), declared=list(study.declared.get(a, ())),
-                              differs={k: v[0] for k, v in arm_differences(c, study.arms[study.baseline]).items()})
+                              differs={k: v[0] for k, v in arm_differences(c, study.arms[study.baseline]).items()},
+                              baseline={k: v[1] for k, v in arm_differences(c, study.arms[study.baseline]).items()})
                       for a, c in study.arms.items()})
 
 def run_study(study: Study, # the study to run (or to finish)
               results="results", # the results store; the study goes to `results/<study.name>/`
               jobs: int = 2, # runs side by side
-              seeds: dict | None = None, # arm -> seeds, instead of the power rule
+              seeds: dict | None = None, # arm -> seeds, instead of the power rule ({}: train nothing)
               log=print) -> pd.DataFrame:
     "Check the arms, train what is missing (power rule unless `seeds`), check the runs, record the study; its frame."
     check_arms(study)
     root = Path(results)/study.name; root.mkdir(parents=True, exist_ok=True)
     (root/"study.json").write_text(json.dumps(describe(study), indent=1, default=str))
     while True:
-        plan = seeds or plan_seeds(study, root)
+        plan = plan_seeds(study, root) if seeds is None else seeds   # {}: train nothing, re-check and re-record
         trained = run_arms(study, plan, results, jobs, log)
         check_runs(study, root)
         if seeds is not None or not trained: break

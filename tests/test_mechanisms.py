@@ -133,7 +133,7 @@ def test_dmml_sentence_from_the_log():
     s = set_distance_sentence(reference_run("dmml", root=RESULTS)[0])
     m = lambda k, e: epoch_mean(steps, k, e)
     L = steps[-1]["epoch"]   # the run's own budget
-    for e in (1, steps[-1]["epoch"]):   # the first epoch and the last the run logged
+    for e in (1, L):   # the first epoch and the last the run logged
         assert f"{m('d_pos', e):.3g} to the own meta-cell against {m('d_neg', e):.3g} to the others at epoch {e}" in s
         assert f"a gap of {(m('d_neg', e) - m('d_pos', e)) / 0.4:.1f} margins, episode accuracy {m('episode_acc', e):.2f}" in s
 

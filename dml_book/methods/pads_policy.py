@@ -74,7 +74,7 @@ def get_extra_state(self: TrainingState) -> dict: return {"metrics": self.metric
 def set_extra_state(self: TrainingState,
                     state: dict, # what `get_extra_state` returned
                    ):
-    self.metrics = state["metrics"].clone()
+    self.metrics = state["metrics"].cpu().clone()  # the history lives on the CPU; a checkpoint read onto a GPU moved it
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #9dfbd431
 class PolicyNet(nn.Module):
@@ -106,8 +106,10 @@ def log_prob(logits: Tensor, # (..., K, 3) action logits
 def sample_actions(logits: Tensor, # (..., K, 3) action logits
                    generator: torch.Generator|None = None, # source of the draw; None: torch's global one
                   ) -> Tensor:
-    "One action index per bin, $a_k \\sim \\pi(\\cdot \\mid s)$."
-    return torch.multinomial(F.softmax(logits.detach().reshape(-1, logits.shape[-1]), -1), 1, generator=generator).view(logits.shape[:-1])
+    "One action index per bin, $a_k \\sim \\pi(\\cdot \\mid s)$, drawn on the generator's device (a CPU generator draws the same actions for a policy on any device)."
+    probs = F.softmax(logits.detach().reshape(-1, logits.shape[-1]), -1)
+    if generator is not None: probs = probs.to(generator.device)
+    return torch.multinomial(probs, 1, generator=generator).view(logits.shape[:-1]).to(logits.device)
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #ea59f502
 def reward(e_now: float, # validation metric after this episode
@@ -191,7 +193,7 @@ def advantage(self: PolicyLearner,
         self.reward_ema = (1 - self.ema_rate) * self.reward_ema + self.ema_rate * r
         return adv, torch.zeros(())
     if self.critic == "reward":   # T = 1: V(s) = E[r | s] = 2 P(r = +1 | s) - 1, a logistic regression on z
-        log_loss = F.binary_cross_entropy_with_logits(value, torch.tensor((1 + r) / 2, dtype=value.dtype))
+        log_loss = F.binary_cross_entropy_with_logits(value, value.new_tensor((1 + r) / 2))
         return (r - self.value_of(value)).detach(), 2 * self.value_coef * log_loss
     with torch.no_grad(): bootstrapped = r + self.gamma * self.policy(state_next)[1]
     if self.critic == "td": return (bootstrapped - value).detach(), self.value_coef * (value - bootstrapped) ** 2
