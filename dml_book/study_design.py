@@ -255,12 +255,12 @@ def _stored_frame(root, primary: dict = PRIMARY):
 def describe(study: Study) -> dict:
     "The study as the page prints it: shared settings, and per arm its label and the fields it declares."
     base = config_fields(study.arms[study.baseline])
+    diffs = {a: arm_differences(c, study.arms[study.baseline]) for a, c in study.arms.items()}   # field -> (arm's, baseline's)
     return dict(name=study.name, baseline=study.baseline, main=list(study.main), primary=study.primary,
-                settings={k: base[k] for k in sorted(base) if not any(k in arm_differences(c, study.arms[study.baseline]) for c in study.arms.values())},
+                settings={k: base[k] for k in sorted(base) if not any(k in d for d in diffs.values())},
                 arms={a: dict(label=study.label(a), declared=list(study.declared.get(a, ())),
-                              differs={k: v[0] for k, v in arm_differences(c, study.arms[study.baseline]).items()},
-                              baseline={k: v[1] for k, v in arm_differences(c, study.arms[study.baseline]).items()})
-                      for a, c in study.arms.items()})
+                              differs={k: v[0] for k, v in d.items()}, baseline={k: v[1] for k, v in d.items()})
+                      for a, d in diffs.items()})
 
 def run_study(study: Study, # the study to run (or to finish)
               results="results", # the results store; the study goes to `results/<study.name>/`
