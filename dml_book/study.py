@@ -14,9 +14,10 @@ from .results import runs_frame, load_histories
 
 # %% auto #0
 __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS',
-           'LEGACY_NOTE', 'REFERENCE_SEED', 'seeds_needed', 'study_frame', 'paired_difference', 'study_table',
-           'plot_study_curves', 'verdict', 'study_facts', 'study_report', 'metric_name', 'arms_table', 'incomplete',
-           'short_of_power', 'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run']
+           'LEGACY_NOTE', 'REFERENCE_SEED', 'interval_half_width', 'seeds_needed', 'study_frame', 'paired_difference',
+           'study_table', 'plot_study_curves', 'verdict', 'where_ran', 'seed_ranges', 'study_facts', 'study_report',
+           'metric_name', 'arms_table', 'incomplete', 'short_of_power', 'where_text', 'show_study', 'main_verdict',
+           'regimes', 'read_log', 'reference_run']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -27,6 +28,15 @@ VALIDATION = dict(metric="val_R@1", stage="final") # validation Recall@1 at the 
 MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS = 5, 20, 3   # the power rule: at least 5 paired seeds, at most 20; ablations: 3
 TARGET_HALF_WIDTH = 1.0                            # points of the primary metric: the 95% interval's half-width aimed at
 
+def interval_half_width(sd: float, # standard deviation of the paired differences
+                        n: int, # number of pairs (at least 2)
+                        confidence: float = 0.95, # level of the interval
+                       ) -> float:
+    "Half-width of the t-interval for the mean of `n` paired differences with standard deviation `sd`: t(confidence, n-1) * sd / sqrt(n)."
+    from scipy import stats
+    if n < 2: raise ValueError(f"a t-interval needs at least 2 pairs, got {n}")
+    return float(stats.t.ppf(0.5 + confidence/2, n - 1) * sd / math.sqrt(n))
+
 def seeds_needed(sd: float, # standard deviation of the paired differences (points)
                  half_width: float = TARGET_HALF_WIDTH, # the interval's half-width aimed at (points)
                  confidence: float = 0.95, # level of the interval
@@ -34,9 +44,8 @@ def seeds_needed(sd: float, # standard deviation of the paired differences (poin
                  hi: int = MAX_SEEDS, # most seeds returned (the cap)
                 ) -> int:
     "The smallest n in [lo, hi] with t(confidence, n-1) * sd / sqrt(n) <= half_width (hi when none is)."
-    from scipy import stats
     for n in range(max(2, lo), hi + 1):
-        if stats.t.ppf(0.5 + confidence/2, n - 1) * sd / math.sqrt(n) <= half_width: return n
+        if interval_half_width(sd, n, confidence) <= half_width: return n
     return hi
 
 # %% ../nbs/11a_study.ipynb #37c897e5
@@ -69,14 +78,13 @@ def paired_difference(frame: pd.DataFrame, # a `study_frame`
                       confidence: float = 0.95, # level of the t-interval
                      ) -> dict:
     "Seed-paired difference `variant` - `baseline`: mean, std (ddof=1), n, and the t-interval at `confidence`."
-    from scipy import stats
     v = frame.pivot_table(index="seed", columns="variant", values="value")
     for name in (variant, baseline):
         if name not in v: raise ValueError(f"no variant {name!r} in this study (it has {', '.join(v.columns)})")
     d = (v[variant] - v[baseline]).dropna()
     if len(d) < 2: raise ValueError(f"{variant!r} and {baseline!r} share {len(d)} seed(s); a paired interval needs 2")
     mean, std, n = float(d.mean()), float(d.std(ddof=1)), len(d)
-    half = stats.t.ppf(0.5 + confidence/2, n - 1) * std / math.sqrt(n)
+    half = interval_half_width(std, n, confidence)
     return dict(variant=variant, baseline=baseline, mean=mean, std=std, n=n, low=mean - half, high=mean + half,
                 seeds=[int(s) for s in d.index])
 
@@ -136,18 +144,40 @@ STUDY_LIMITS = ("What this study cannot show: it trains a small CNN from scratch
                 "so it says nothing of the method at the paper's scale, with an ImageNet-pretrained backbone, or on "
                 "natural images; a verdict here is about this benchmark only.")
 
+def where_ran(run, # a run's folder (`run.json` beside `metrics.json`)
+             ) -> str | None:
+    "The device a run trained on, from its `run.json`: the GPU's name, or 'the CPU'; None when no `run.json` is stored."
+    import json
+    f = Path(run)/"run.json"
+    if not f.is_file(): return None
+    r = json.loads(f.read_text())
+    return r.get("gpu") or ("the CPU" if r.get("device") == "cpu" else r.get("device", "an unrecorded device"))
+
+def seed_ranges(seeds, # integers
+               ) -> str:
+    "Seeds as runs of consecutive numbers: [0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."
+    import itertools
+    runs = [[s for _, s in g] for _, g in itertools.groupby(enumerate(sorted(set(seeds))), lambda t: t[1] - t[0])]
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
+
 def study_facts(folder, # a study's folder
                ) -> dict:
-    "What the stored runs say of themselves: epochs, steps per epoch, seeds per arm, CPU time, devices."
+    "What the stored runs say of themselves: epochs, steps per epoch, seeds per arm, CPU time, devices, and which seeds ran where (`where`: device and number format -> seeds)."
     import json
     folder = Path(folder)
     runs = {f: json.loads(f.read_text()) for f in sorted(folder.glob("*/seed*/metrics.json"))}
     arms = sorted({f.parent.parent.name for f in runs})
+    where = {}
+    for f, m in runs.items():
+        if (device := where_ran(f.parent)) is None: continue
+        precision = (m.get("run") or {}).get("precision")
+        where.setdefault(f"{device} in {precision}" if precision else device, set()).add(int(f.parent.name.removeprefix("seed")))
     timing = json.loads((folder/"study_time.json").read_text()) if (folder/"study_time.json").exists() else {}
     return dict(epochs=sorted({m["config"].get("epochs") for m in runs.values()} - {None}),
                 steps_per_epoch=sorted({m.get("run", {}).get("steps_per_epoch") for m in runs.values()} - {None}),
                 seeds={a: sum(f.parent.parent.name == a for f in runs) for a in arms},
-                cpu_seconds=timing.get("cpu_seconds"), devices=timing.get("devices", []))
+                cpu_seconds=timing.get("cpu_seconds"), devices=timing.get("devices", []),
+                where={k: sorted(v) for k, v in sorted(where.items(), key=lambda kv: min(kv[1]))})
 
 # %% ../nbs/11a_study.ipynb #7a6c66f3
 def study_report(method: str, # the method's folder under `results/`
@@ -241,14 +271,21 @@ def short_of_power(rep: dict, # a `study_report`
         if p["n"] >= MAX_SEEDS:
             said.append(f"{name} has the power rule's cap of {MAX_SEEDS} paired seeds: its interval stays at ±{half:.1f} points, wider than the ±{TARGET_HALF_WIDTH:.1f} the rule aims at.")
         else:
-            from scipy import stats
             sd, need = 100 * p["std"], seeds_needed(100 * p["std"], TARGET_HALF_WIDTH, lo=p["n"] + 1, hi=MAX_SEEDS)
-            reach = stats.t.ppf(0.975, need - 1) * sd / math.sqrt(need)   # the half-width `need` seeds give at this sd
+            reach = interval_half_width(sd, need)   # the half-width `need` seeds give at this sd
             asks = (f"asks for {need} to reach ±{TARGET_HALF_WIDTH:.1f}" if reach <= TARGET_HALF_WIDTH else
                     f"asks for its cap of {MAX_SEEDS}, which reaches ±{reach:.1f}")
             said.append(f"{name} has {p['n']} paired seeds and an interval of ±{half:.1f} points; with the paired sd these seeds show "
                         f"({sd:.1f} points) the power rule {asks}; `run_study` adds them.")
     return " ".join(said) or None
+
+def where_text(facts: dict, # `study_facts`
+              ) -> str:
+    "Where a study's runs trained, for its page: one device, or each device with its seeds (each pair of arms shares one, which `check_runs` verifies)."
+    w = facts.get("where") or {}
+    if len(w) == 1: return next(iter(w))
+    if w: return " and ".join(f"{k} (seed{'s' * (len(v) > 1)} {seed_ranges(v)})" for k, v in w.items()) + ", each pair of arms on one device"
+    return ", ".join(facts.get("devices", ())) or "the CPU"
 
 def show_study(method: str, # the study's folder under `results/`
                root=None, # the results store (default: this clone's)
@@ -264,7 +301,7 @@ def show_study(method: str, # the study's folder under `results/`
     display(Markdown("\n".join(f"- {v}" for v in rep["verdicts"])))
     cpu = f"{f['cpu_seconds'] / 60:.0f} CPU-minutes" if f["cpu_seconds"] else "CPU time not recorded"
     print(f"Primary metric: {metric_name(rep['primary'])}. {'/'.join(map(str, f['epochs']))} epochs of "
-          f"{'/'.join(map(str, f['steps_per_epoch'])) or '?'} steps; {cpu} on {', '.join(f['devices']) or 'the CPU'}.")
+          f"{'/'.join(map(str, f['steps_per_epoch'])) or '?'} steps; {cpu} on {where_text(f)}.")
     display(arms_table(rep))
     plot_study_curves(rep["root"])
     print(STUDY_LIMITS)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 import numpy as np, pandas as pd
 from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, VALIDATION, REFERENCE_SEED,
-                            MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS, TARGET_HALF_WIDTH)
+                            MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS, TARGET_HALF_WIDTH, where_ran)
 
 # %% auto #0
 __all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'PRETRAINED_BACKBONE', 'PRETRAINED_SETTINGS', 'REGIMES',
@@ -131,7 +131,7 @@ def run_facts(metrics: dict) -> dict:
 def check_runs(study: Study, # the study whose runs are compared
                root, # its folder: `<arm>/seed<k>/metrics.json`
               ) -> int:
-    "Compare every arm's runs with the baseline's of the same seed; refuse an undeclared difference; the pairs compared."
+    "Compare every arm's runs with the baseline's of the same seed (and the device each trained on, where `run.json` says); refuse an undeclared difference; the pairs compared."
     root, n = Path(root), 0
     for arm in study.arms:
         if arm == study.baseline: continue
@@ -139,6 +139,7 @@ def check_runs(study: Study, # the study whose runs are compared
             b = root/study.baseline/f.parent.name/"metrics.json"
             if not b.is_file(): continue
             mine, theirs = run_facts(json.loads(f.read_text())), run_facts(json.loads(b.read_text()))
+            if None not in (devices := (where_ran(f.parent), where_ran(b.parent))): mine["run.device"], theirs["run.device"] = devices
             for k in sorted(set(mine) | set(theirs)):
                 if mine.get(k) != theirs.get(k) and not _declared(k, study.declared.get(arm, ())):
                     raise StudyError(f"study {study.name!r}, {f.parent.name}: arm {arm!r} differs from {study.baseline!r} in {k} "

@@ -503,10 +503,10 @@ def late_means(folder, # a variant's folder of runs (`seed<k>/metrics.json`)
 # %% ../../nbs/20_methods.ala.ipynb #23f2a73b
 def _interval(x) -> tuple:
     "Mean and 95% t-interval of the values `x` (no interval for fewer than 2)."
-    from scipy import stats
+    from dml_book.study import interval_half_width
     m = float(np.mean(x))
     if len(x) < 2: return m, None, None
-    half = float(stats.t.ppf(0.975, len(x) - 1) * np.std(x, ddof=1) / np.sqrt(len(x)))
+    half = interval_half_width(float(np.std(x, ddof=1)), len(x))
     return m, m - half, m + half
 
 def hardness_clause(folder, # a variant's folder of runs
