@@ -15,9 +15,10 @@ from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, VALID
 
 # %% auto #0
 __all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'PRETRAINED_BACKBONE', 'PRETRAINED_SETTINGS', 'REGIMES',
-           'PRETRAINED_REGIME', 'study_config', 'plot_calibration', 'precision_check', 'StudyError', 'config_fields',
-           'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'train_one', 'run_arms', 'plan_seeds',
-           'describe', 'run_study', 'study_spec', 'study_variants', 'pretrained_config', 'chosen_regime']
+           'PRETRAINED_REGIME', 'study_config', 'plot_calibration', 'precision_check', 'device_check', 'StudyError',
+           'config_fields', 'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'train_one',
+           'run_arms', 'plan_seeds', 'describe', 'run_study', 'study_spec', 'study_variants', 'pretrained_config',
+           'chosen_regime']
 
 # %% ../nbs/11b_study_design.ipynb #e5164b8b
 FAST_PATH = dict(precision="auto", channels_last=True)   # bf16 where the device has the units; benchmarks/study_run.py
@@ -69,6 +70,28 @@ def precision_check(root=None, # the calibration's folder (default: this clone's
         rows.append(dict(arm={"baseline": "earlier path", "fast": "fast path"}[arm], seeds=len(r1), R1_mean=np.mean(r1),
                          R1_min=min(r1), R1_max=max(r1), cpu_minutes=np.mean(cpu) if cpu else np.nan))
     return pd.DataFrame(rows).set_index("arm").round(2) if rows else None
+
+# %% ../nbs/11b_study_design.ipynb #51f6568b
+def device_check(study: str = "hdml", # the study whose seeds were retrained on another device
+                 root=None, # the results store (default: this clone's `results/`)
+                ) -> pd.DataFrame | None:
+    "Per arm and seed retrained under `calibration/device/<study>/`: final test R@1 (points) of the study's run and of the retrained run, each with the device and number format it used; None if none is stored."
+    from dml_book.results import experiments_dir, ExperimentError
+    from dml_book.study import where_ran
+    if root is None:
+        try: root = experiments_dir().parent.parent/"results"
+        except ExperimentError: return None
+    rows = []
+    for again in sorted((Path(root)/"calibration"/"device"/study).glob("*/seed*/metrics.json")):
+        first = Path(root)/study/again.parent.parent.name/again.parent.name/"metrics.json"
+        if not first.is_file(): raise FileNotFoundError(f"{again.parent} retrains a run the study does not have: {first} is missing")
+        runs = {k: (f, json.loads(f.read_text())) for k, f in (("study", first), ("retrained", again))}
+        row = dict(arm=again.parent.parent.name, seed=int(again.parent.name.removeprefix("seed")))
+        for k, (f, m) in runs.items():
+            row[f"{k} on"] = f"{where_ran(f.parent)} in {m['run']['precision']}"
+            row[f"{k} R@1"] = round(100 * m["final"]["R@1"], 2)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(["arm", "seed"]) if rows else None
 
 # %% ../nbs/11b_study_design.ipynb #f914be0d
 class StudyError(ValueError):
