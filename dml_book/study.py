@@ -145,13 +145,15 @@ STUDY_LIMITS = ("What this study cannot show: it trains a small CNN from scratch
                 "natural images; a verdict here is about this benchmark only.")
 
 def where_ran(run, # a run's folder (`run.json` beside `metrics.json`)
+              precision: str | None = None, # its number format (`run.precision` of its `metrics.json`), named after the device when given
              ) -> str | None:
-    "The device a run trained on, from its `run.json`: the GPU's name, or 'the CPU'; None when no `run.json` is stored."
+    "The device a run trained on, from its `run.json`: the GPU's name, or 'the CPU' ('NVIDIA H200 in bf16' with `precision`); None when no `run.json` is stored."
     import json
     f = Path(run)/"run.json"
     if not f.is_file(): return None
     r = json.loads(f.read_text())
-    return r.get("gpu") or ("the CPU" if r.get("device") == "cpu" else r.get("device", "an unrecorded device"))
+    device = r.get("gpu") or ("the CPU" if r.get("device") == "cpu" else r.get("device", "an unrecorded device"))
+    return f"{device} in {precision}" if precision else device
 
 def seed_ranges(seeds, # integers
                ) -> str:
@@ -169,9 +171,8 @@ def study_facts(folder, # a study's folder
     arms = sorted({f.parent.parent.name for f in runs})
     where = {}
     for f, m in runs.items():
-        if (device := where_ran(f.parent)) is None: continue
-        precision = (m.get("run") or {}).get("precision")
-        where.setdefault(f"{device} in {precision}" if precision else device, set()).add(int(f.parent.name.removeprefix("seed")))
+        if (device := where_ran(f.parent, (m.get("run") or {}).get("precision"))) is None: continue
+        where.setdefault(device, set()).add(int(f.parent.name.removeprefix("seed")))
     timing = json.loads((folder/"study_time.json").read_text()) if (folder/"study_time.json").exists() else {}
     return dict(epochs=sorted({m["config"].get("epochs") for m in runs.values()} - {None}),
                 steps_per_epoch=sorted({m.get("run", {}).get("steps_per_epoch") for m in runs.values()} - {None}),

@@ -77,7 +77,6 @@ def device_check(study: str = "hdml", # the study whose seeds were retrained on 
                 ) -> pd.DataFrame | None:
     "Per arm and seed retrained under `calibration/device/<study>/`: final test R@1 (points) of the study's run and of the retrained run, each with the device and number format it used; None if none is stored."
     from dml_book.results import experiments_dir, ExperimentError
-    from dml_book.study import where_ran
     if root is None:
         try: root = experiments_dir().parent.parent/"results"
         except ExperimentError: return None
@@ -88,7 +87,7 @@ def device_check(study: str = "hdml", # the study whose seeds were retrained on 
         runs = {k: (f, json.loads(f.read_text())) for k, f in (("study", first), ("retrained", again))}
         row = dict(arm=again.parent.parent.name, seed=int(again.parent.name.removeprefix("seed")))
         for k, (f, m) in runs.items():
-            row[f"{k} on"] = f"{where_ran(f.parent)} in {m['run']['precision']}"
+            row[f"{k} on"] = where_ran(f.parent, m["run"]["precision"])
             row[f"{k} R@1"] = round(100 * m["final"]["R@1"], 2)
         rows.append(row)
     return pd.DataFrame(rows).set_index(["arm", "seed"]) if rows else None
