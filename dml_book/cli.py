@@ -16,10 +16,10 @@ from .registry import (ConfigError, UnknownNameError, DATASETS, LOSSES, MINERS, 
 from .files import FileError, FIGURE_SUFFIXES, check_output, check_folder, refuse_links, save_figure   # no torch either
 
 # %% auto #0
-__all__ = ['CLI_DEFAULTS', 'LISTS', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'check_pretrain', 'pretrain_command',
-           'parser', 'results_table', 'evaluate_command', 'embed_command', 'index_command', 'search_command',
-           'catalogue', 'list_command', 'user_errors', 'read_config_file', 'dataset_defaults', 'train_command',
-           'experiment_command', 'one_line', 'error_line', 'main']
+__all__ = ['CLI_DEFAULTS', 'LISTS', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'tune_command', 'check_pretrain',
+           'pretrain_command', 'parser', 'results_table', 'evaluate_command', 'embed_command', 'index_command',
+           'search_command', 'catalogue', 'list_command', 'user_errors', 'read_config_file', 'dataset_defaults',
+           'train_command', 'experiment_command', 'one_line', 'error_line', 'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
@@ -141,6 +141,38 @@ def check_inputs(args, # the parsed arguments of evaluate, embed, index or searc
     fig = getattr(args, "gallery_figure", None)
     if fig: check_output(fig, FIGURE_SUFFIXES, "choose another --gallery-figure")
 
+# %% ../nbs/10_cli.ipynb #c0629742
+def _add_tune_command(sub):
+    "`dml-book tune`: its flags (no torch: the study's name is checked when the command runs)."
+    tu = sub.add_parser("tune", help="tune a study's arms alike on validation classes (Optuna), then optionally decide it again")
+    tu.add_argument("study", help="a study with a search space: ala, dcml, dmml, hdml, pads")
+    tu.add_argument("--arm", action="append", default=None, help="tune only this arm (repeatable; default: the baseline and the method)")
+    tu.add_argument("--trials", type=_positive, default=None, help="complete trials per arm (default: dml_book.tune.TRIALS)")
+    tu.add_argument("--epochs", type=_positive, default=None, help="epochs of a trial (default: dml_book.tune.TRIAL_EPOCHS)")
+    tu.add_argument("--jobs", type=_positive, default=1, help="trials side by side, one process each (default: 1)")
+    tu.add_argument("--storage", default=None, help="an SQLAlchemy URL, e.g. postgresql://user@host/db for many machines "
+                    "(default: sqlite in RESULTS/STUDY/tuning/optuna.db)")
+    tu.add_argument("--results", default="results", help="the results store (default: results)")
+    tu.add_argument("--decide", action="store_true", help="then train each arm's best trial at the power rule's seeds and compare on test")
+
+# %% ../nbs/10_cli.ipynb #5c19d93a
+def tune_command(args, # the parsed command-line arguments
+                ) -> int:
+    "Run `dml-book tune`: the arms' trials until each has its budget, a line per arm, then (`--decide`) the tuned study."
+    from dml_book.registry import check_choice
+    from dml_book.tune import tuning_spec, tune, tuned_study, TRIALS, TRIAL_EPOCHS
+    t = tuning_spec(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS)
+    for a in args.arm or (): check_choice("arm", a, sorted(t.spaces))
+    frame = tune(t, args.results, args.storage, args.jobs, tuple(args.arm) if args.arm else None)
+    for arm, g in frame[frame.state == "COMPLETE"].groupby("arm"):
+        best = g.loc[g.val_R1.idxmax()]
+        print(f"{args.study}/{arm}: {len(g)} trials, best validation R@1 {100 * best.val_R1:.2f} (trial {best.number}): {best.params}")
+    if args.decide:
+        from dml_book.study_design import run_study
+        s = tuned_study(t, args.results, args.storage)
+        print(run_study(s, args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
+    return 0
+
 # %% ../nbs/10_cli.ipynb #9e172344
 def _or_none(convert):
     "`convert`, or None for the words none, null or all (a `PretrainConfig` field typed `X | None`)."
@@ -227,6 +259,7 @@ def parser(command: str|None = None, # build only this subcommand's `train` flag
     pt = sub.add_parser("pretrain", help="the backbone pretrained on the glyph classes glyphs-XL leaves out: cached, or trained now; prints its file")
     if command in (None, "pretrain"): _add_pretrain_flags(pt)   # torch, as train's flags
     _add_run_commands(sub)
+    _add_tune_command(sub)
     e = sub.add_parser("experiment", help="run an experiment notebook with papermill; the executed notebook is saved beside its results")
     e.add_argument("name", help="an experiment of nbs/experiments (train_eval, hdml, ...) or a path to a notebook")
     e.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
@@ -328,7 +361,7 @@ def list_command(args, # the parsed command-line arguments
 # %% ../nbs/10_cli.ipynb #d16389f8
 _USER_ERRORS = {"dml_book.checkpoint": "CheckpointError", "dml_book.train": "TrainingDiverged", "dml_book.data.core": "ImageReadError",
                 "dml_book.models": "PretrainedWeightsUnavailable", "dml_book.results": "ExperimentError", "dml_book.methods.base": "MethodError",
-                "dml_book.data.download": "DownloadError"}
+                "dml_book.data.download": "DownloadError", "dml_book.study_design": "StudyError"}
 
 def user_errors() -> tuple[type[Exception], ...]:
     "The errors `main` reports in one line: bad names, settings, files, checkpoints, data (of the modules imported so far)."
@@ -448,7 +481,7 @@ def main(argv: list[str] | None = None, # the arguments after `dml-book`; None: 
 def _run(argv: list[str], command: str | None) -> int:
     args = parser(command or "").parse_args(argv)   # `--help`, a usage error, a light command: no torch imported
     commands = {"train": train_command, "pretrain": pretrain_command, "experiment": experiment_command, "evaluate": evaluate_command,
-                "embed": embed_command, "index": index_command, "search": search_command, "list": list_command}
+                "embed": embed_command, "index": index_command, "search": search_command, "list": list_command, "tune": tune_command}
     clean = False
     try:
         rc = commands[args.command](args); clean = True

@@ -177,6 +177,7 @@ def _absolute_root(cfg: TrainConfig) -> TrainConfig:
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
+    test_split = True   # False (a subclass, e.g. a tuning trial's): the test split is neither built nor evaluated
     def __init__(self, cfg: TrainConfig | None = None, # the run; None: `TrainConfig()`
                  method: Method | str | None = None, # a `Method` object to train (e.g. a chapter's own class), or a registered name
                  **overrides): # `TrainConfig` fields that replace those of `cfg`
@@ -204,10 +205,17 @@ def _build_data(self: Trainer):
     self.protocol = dataset_protocol(cfg)
     self.train_ds, self.val_ds = build_split(cfg, "train", True), None
     if cfg.val_fraction: self._hold_out_validation()
-    if self.protocol == "reid": self.query_ds, self.gallery_ds = (build_split(cfg, s, False) for s in ("query", "gallery"))
-    else: self.test_ds = build_split(cfg, "test", False)
-    gallery = len(self.gallery_ds) if self.protocol == "reid" else len(self.test_ds) - 1   # a query is not its own neighbour
-    check_evaluation(self.train_ds, {"query": self.query_ds, "gallery": self.gallery_ds} if self.protocol == "reid" else {"test": self.test_ds})
+    if not self.test_split:   # a tuning trial: the validation classes are all it is scored on; the test split is never built
+        if self.val_ds is None: raise ConfigError("a run without its test split needs validation classes: set val_fraction")
+        self.test_ds, gallery = None, len(self.val_ds) - 1
+        check_evaluation(self.train_ds, {"validation": self.val_ds})
+    elif self.protocol == "reid":
+        self.query_ds, self.gallery_ds = (build_split(cfg, s, False) for s in ("query", "gallery"))
+        gallery = len(self.gallery_ds); check_evaluation(self.train_ds, {"query": self.query_ds, "gallery": self.gallery_ds})
+    else:
+        self.test_ds = build_split(cfg, "test", False)
+        gallery = len(self.test_ds) - 1   # a query is not its own neighbour
+        check_evaluation(self.train_ds, {"test": self.test_ds})
     if max(cfg.ks) > gallery: raise ConfigError(f"ks={tuple(cfg.ks)}: Recall@{max(cfg.ks)} needs a gallery of at least {max(cfg.ks)} items; this one has {gallery}")
 
 # %% ../nbs/08_train.ipynb #1fcbffcf
@@ -360,9 +368,10 @@ def faiss_gpus(self: Trainer):
 # %% ../nbs/08_train.ipynb #38df318a
 @patch
 def evaluate(self: Trainer) -> dict:
-    "Test metrics of the current model (computed by rank 0 and shared under torchrun)."
+    "Test metrics of the current model (computed by rank 0 and shared under torchrun); none without a test split."
     from dml_book.metrics import evaluate
     from dml_book.reid_metrics import reid_evaluate
+    if not self.test_split: return {}
     if self.protocol == "reid":
         (q, _), (g, _) = self.embed_dataset(self.query_ds), self.embed_dataset(self.gallery_ds)
         res = on_main(self.dist, reid_evaluate, q, self.query_ds.pids, self.query_ds.camids, g, self.gallery_ds.pids, self.gallery_ds.camids)
@@ -605,8 +614,9 @@ def run_summary(self: Trainer) -> dict:
 def write_metrics(self: Trainer):
     "Write `metrics.json`; the final test embedding stays in `last_embedding` for a caller to draw."
     epochs = [r for r in self.history if r.get("kind") == "epoch"]
-    evaluated = [r for r in epochs if "R@1" in r or "mAP" in r]
-    self.final_metrics = _metrics(evaluated[-1])
+    evaluated = [r for r in epochs if "R@1" in r or "mAP" in r or not self.test_split and "val_R@1" in r]
+    self.final_metrics = (_metrics(evaluated[-1]) if self.test_split   # without a test split: the validation metrics, named so
+                          else {f"val_{k}": v for k, v in _metrics(evaluated[-1], "val_").items()})
     if not self.dist.is_main: return
     summary = dict(config=asdict(self.cfg), environment=environment(), untrained=_metrics(epochs[0]),
                    final=self.final_metrics, epochs=epochs, run=self.run_summary())
@@ -628,7 +638,7 @@ def _record_preprocessing(self: Trainer):
 # %% ../nbs/08_train.ipynb #bdd5a594
 def _record_data(self: Trainer):
     "Write `data.json`: what a served run rebuilds its network from (see `record_training_split`)."
-    gallery = len(self.gallery_ds) + 1 if self.protocol == "reid" else len(self.test_ds)
+    gallery = len(self.val_ds) if not self.test_split else len(self.gallery_ds) + 1 if self.protocol == "reid" else len(self.test_ds)
     record_training_split(self.train_ds, gallery, self.out)
 
 # %% ../nbs/08_train.ipynb #39dc76e2

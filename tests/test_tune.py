@@ -1,0 +1,109 @@
+"Tuning (`dml_book.tune`): trials see validation classes only; search spaces start from the studies' settings; the SQLite storage is shared by two processes and survives kill -9."
+import json, os, signal, subprocess, sys, textwrap, time
+from dataclasses import replace
+from pathlib import Path
+import pandas as pd
+import pytest
+from dml_book.study_design import Study, StudyError, arm_differences
+from dml_book.train import TrainConfig
+from dml_book import tune as T
+
+TINY = TrainConfig(dataset="digits", epochs=2, batch_size=12, m_per_class=4, val_fraction=0.4, max_steps_per_epoch=2,
+                   eval_every=1, ks=(1, 2), num_workers=0)   # scikit-learn's digits: 3 training and 2 validation classes
+
+def tiny_tuning(trials=3, epochs=2):
+    arms = {"baseline": TINY, "other": replace(TINY, loss_kwargs={"margin": 0.3})}
+    study = Study("tiny", arms, {"other": ("loss_kwargs.margin",)})
+    spaces = {"baseline": (T.Knob("lr_head", 1e-4, 1e-2, log=True),),
+              "other": (T.Knob("lr_head", 1e-4, 1e-2, log=True), T.Knob("loss_kwargs.margin", 0.1, 0.5))}
+    return T.Tuning(study, spaces, trials=trials, epochs=epochs)
+
+def test_trial_never_builds_or_scores_the_test_split(tmp_path, monkeypatch, one_thread):
+    import dml_book.train as train
+    built = []
+    real = train.build_split
+    monkeypatch.setattr(train, "build_split", lambda cfg, split, *a, **k: built.append(split) or real(cfg, split, *a, **k))
+    final = T.run_trial(replace(TINY, out=str(tmp_path/"trial")))
+    assert "test" not in built and "train" in built
+    m = json.loads((tmp_path/"trial"/"metrics.json").read_text())
+    assert set(final) == set(m["final"]) and all(k.startswith("val_") for k in m["final"]) and "val_R@1" in m["final"]
+    scored = {k for r in m["epochs"] for k in r if "@" in k or k in ("NMI", "F1", "MAP@R")}
+    assert scored and all(k.startswith("val_") for k in scored), scored   # no test metric in any epoch
+    assert m["run"]["test"] is None and sorted(p.name for p in (tmp_path/"trial").iterdir()) == ["metrics.json", "run.json"]
+
+@pytest.mark.parametrize("name", sorted(T.SEARCH_SPACES))
+def test_first_trial_is_the_study_setting(name):
+    t = T.tuning_spec(name)
+    assert set(t.spaces) == {t.study.baseline, *t.study.main}
+    for arm, knobs in t.spaces.items():
+        first = t.first(arm)
+        for k in knobs:   # the study's setting lies in the declared range
+            v = first[k.field]
+            assert (v in k.choices) if k.choices else (k.low <= v <= k.high), (arm, k.field, v)
+        assert set(arm_differences(t.config(arm, first), t.study.arms[arm])) == {"epochs"}
+        T.check_trial(t, arm, t.config(arm, first))
+    shared = {"lr_backbone", "lr_head", "weight_decay"}   # every arm's, and a margin: the loss's (DMML's own loss: its tau)
+    assert all(shared <= {k.field for k in ks} and any(k.field.endswith(".margin") for k in ks) for ks in t.spaces.values())
+
+def test_a_trial_differing_beyond_its_knobs_is_refused():
+    t = tiny_tuning()
+    with pytest.raises(StudyError, match="batch_size"): T.check_trial(t, "other", replace(TINY, batch_size=16))
+    T.check_trial(t, "other", replace(TINY, lr_head=3e-3, epochs=9, loss_kwargs={"margin": 0.2}))
+
+def test_set_fields_and_knob_values():
+    cfg = T.set_fields(TINY, {"lr_head": 0.5, "loss_kwargs.margin": 0.7})
+    assert cfg.lr_head == 0.5 and cfg.loss_kwargs == {"margin": 0.7} and TINY.loss_kwargs == {}
+    with pytest.raises(StudyError, match="no configuration field 'lr'"): T.set_fields(TINY, {"lr": 1})
+    k = T.Knob("episode", choices=("a", "b"), sets={"a": {"batch_size": 32}, "b": {"batch_size": 16}})
+    assert T.knob_values(TINY, (k,)) == {"episode": "a"} and k.fields("b") == {"batch_size": 16}
+
+SCRIPT = textwrap.dedent("""
+    import sys; sys.path.insert(0, {tests!r})
+    from test_tune import tiny_tuning
+    from dml_book.tune import tune
+    tune(tiny_tuning(trials={trials}, epochs={epochs}), {results!r}, heartbeat={heartbeat}, arms={arms!r})
+""")
+
+def _spawn(tmp_path, trials, epochs=2, heartbeat=60, arms=None):
+    code = SCRIPT.format(tests=str(Path(__file__).parent), trials=trials, epochs=epochs, results=str(tmp_path), heartbeat=heartbeat, arms=arms)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+def _trials(tmp_path, arm):
+    return pd.read_csv(tmp_path/"tiny"/"tuning"/arm/"trials.csv")
+
+@pytest.mark.slow
+def test_two_processes_share_one_sqlite_study(tmp_path):
+    procs = [_spawn(tmp_path, trials=3) for _ in range(2)]
+    outs = [p.communicate(timeout=900)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert all("trial" in o for o in outs), outs   # both processes ran trials
+    for arm in ("baseline", "other"):
+        t = _trials(tmp_path, arm)
+        done = t[t.state == "COMPLETE"]
+        assert len(done) == 3 and done.number.is_unique, t
+        assert json.loads(done[done["first"]].params.iloc[0]) == T.Tuning.first(tiny_tuning(), arm)   # the arm's own setting first
+        folders = sorted(p.name for p in (tmp_path/"tiny"/"tuning"/arm).glob("trial[0-9]*"))
+        assert folders == sorted(f"trial{n}" for n in done.number)   # one folder per trial, none repeated
+
+@pytest.mark.slow
+def test_killed_tuning_resumes_without_losing_or_repeating_a_trial(tmp_path):
+    folder = tmp_path/"tiny"/"tuning"/"baseline"/"trial0"
+    p = _spawn(tmp_path, trials=2, epochs=6, heartbeat=1, arms=("baseline",))
+    deadline = time.time() + 600
+    while not (folder/"checkpoint.pt").exists() and p.poll() is None and time.time() < deadline: time.sleep(0.05)
+    assert p.poll() is None, p.communicate()[0]
+    os.kill(p.pid, signal.SIGKILL); p.wait()
+    epochs_done = json.loads((folder/"log.jsonl").read_text().splitlines()[-1]).get("epoch")
+    time.sleep(4)   # past the grace period (three heartbeats)
+    q = _spawn(tmp_path, trials=2, epochs=6, heartbeat=1, arms=("baseline",))
+    out = q.communicate(timeout=900)[0]
+    assert q.returncode == 0, out
+    t = _trials(tmp_path, "baseline")
+    done, failed = t[t.state == "COMPLETE"], t[t.state == "FAIL"]
+    assert len(done) == 2 and list(failed.number) == [0], t                      # the killed trial failed once ...
+    retry = done[done.retry_of == 0]
+    assert len(retry) == 1 and retry.params.iloc[0] == failed.params.iloc[0]       # ... and ran again with its settings
+    assert sorted(p.name for p in folder.parent.glob("trial[0-9]*")) == ["trial0", f"trial{int(done[done.retry_of != 0].number.iloc[0])}"]
+    m = json.loads((folder/"metrics.json").read_text())
+    assert [r["epoch"] for r in m["epochs"]] == list(range(7)) and epochs_done >= 1   # resumed: every epoch once, from the checkpoint
