@@ -25,9 +25,14 @@ CASES = FIX["cases"]
 PENALTY = 0.002 * 0.25          # the official loss adds 0.002 * 0.25 * sum |f|^2 / B: feature_penalty of the mean |f|^2
 
 
+def _np(a) -> np.ndarray:
+    "A tensor, list or number as a float64 array (a tensor's own precision kept: no detour through float32)."
+    return a.detach().cpu().double().numpy() if torch.is_tensor(a) else np.asarray(a, dtype=float)
+
+
 def rel(a, b) -> float:
     "Largest absolute difference over the largest official magnitude."
-    a, b = np.asarray(torch.as_tensor(a).detach(), float), np.asarray(b, float)
+    a, b = _np(a), np.asarray(b, float)
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
