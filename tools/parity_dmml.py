@@ -4,7 +4,8 @@
 
 PATH is a local copy of https://github.com/CHENGY12/DMML (a clone, or `git archive` of one: then name its commit with
 --commit). The script imports the official `loss/dmml.py` from PATH at run time (nothing of it is copied here), runs its
-`DMMLLoss` in float64 on three fixed, seeded episodes and writes what it computes: the set distances from every query to
+`DMMLLoss` in float64 on one fixed, seeded episode (raw embeddings: center and hard mining modes, the latter with margins
+0.4 and 0; L2-normalised ones: hard mining) and writes what it computes: the set distances from every query to
 every meta-cell (the negated input of its log-softmax, caught on the way in), the loss, and the loss's gradient with
 respect to the embeddings. It needs PyTorch only; the test that reads the fixture needs neither this script nor the
 official code.
