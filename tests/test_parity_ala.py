@@ -14,8 +14,6 @@ network w = A(T; phi), which is not ALA's own algebra). The tests check our code
 first-order `meta_surrogate` that training uses) and a composition of `torch.func` transforms against that hand formula
 and against central finite differences, all in float64.
 """
-import numpy as np
-import pytest
 import torch
 import torch.nn as nn
 from torch.func import functional_call, grad, vjp

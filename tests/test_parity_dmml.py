@@ -13,7 +13,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 
