@@ -221,3 +221,28 @@ def test_npair_losses():
     close(za.grad, OUT["j_syn_npair"]["grad"]["z_syn_anc"]); close(zn.grad, OUT["j_syn_npair"]["grad"]["z_syn_neg"])
     ours = grouped_npair_loss(emb.detach(), *syn, l2_reg=l2).item()
     np.testing.assert_allclose((ours - OUT["j_syn_npair"]["value"]) / OUT["j_syn_npair"]["value"], -2.61e-4, atol=5e-7)
+
+
+def test_objectives_wire_the_official_losses():
+    """`HDML.objectives`, the method's own iteration, on the fixture's numbers: the paper-triplet settings on the code's
+    batches of triplets give the official J_m, J_recon, J_soft and J_gen, and J_metric up to the w x weight decay that the
+    code keeps inside it. Stand-ins feed the fixture's features and embeddings: the backbone is the identity on the real
+    features, the generator returns the fixture's reconstructed and synthetic features, the head the fixture's embeddings."""
+    from types import SimpleNamespace
+    from dml_book.methods.hdml import HDML
+    n3 = len(TRI["z"]) // 3
+    inter = torch.arange(3 * n3).view(3, n3).T.reshape(-1)          # official blocks (a; p; n) -> our consecutive triples
+    y_real, labels = t64(TRI["y"])[inter], torch.tensor(TRI["labels"])[inter]
+    y_all = torch.cat([t64(TRI["y_rec"])[inter], t64(TRI["y_syn"])])   # generator(cat[z, z_in]): z in batch order, z_in in blocks
+    head = lambda t: t64(TRI["z"])[inter] if t is y_real else t64(TRI["z_syn"])
+    trainer = SimpleNamespace(model=SimpleNamespace(backbone=lambda x: x, head=head), gather=lambda z, l: (z, l), miner=None,
+                              loss_fn=TripletLoss(margin=1.0, squared=True, reduction="sum", normalize=False),
+                              optimizer=decaying_optimizer(TRI["params"]))
+    hd = HDML(pulling_factor=ALPHA, beta=BETA, gen_lambda=LAM, softmax_factor=SOFTMAX_FACTOR, recon_weight=1 - LAM, triplet_batches=True)
+    hd.mode, hd.generator, hd.classifier = "triplet", lambda inp: y_all, classifier(TRI["W_fc"], TRI["b_fc"])
+    for rec in OUT["objectives_triplet"]:
+        hd.j_avg.value, hd.j_gen_avg.value = 45.0, rec["j_gen"]
+        o = hd.objectives(trainer, y_real, labels)
+        close(o["weight"], rec["weight"]); close(o["j_m"], rec["J_m_weighted"])
+        close(SOFTMAX_FACTOR * LAM * o["j_soft"], rec["J_soft"]); close((1 - LAM) * o["j_recon"], rec["J_recon"])
+        close(o["j_gen"], rec["J_gen"]); close(o["j_metric"] + o["weight"] * rec["wdLoss"], rec["J_metric"])
