@@ -1,0 +1,248 @@
+"""HDML against the authors' code, number by number.
+
+`tests/fixtures/parity/hdml.json` holds what the official TensorFlow code (wzzheng/HDML; repository, commit and, per
+quantity, file:line in the fixture) computes in float64 on fixed inputs: the hardness-aware pull of eq. (4) for the
+triplet and the N-pair tuples (values and gradients), lambda = exp(-alpha / J_avg), the running J_avg of its
+`data_collector`, the weight exp(-beta / J_gen) of eq. (11), J_m, J_syn, J_metric, J_recon, J_soft and J_gen of
+`main_triplet.py`, the N-pair J_soft (`genSoftmax`), the synthetic N-pair loss (`new_npair_loss`) and the real one
+(`npairs_loss`). `tools/parity_hdml.py` wrote it under TensorFlow 2's `tf.compat.v1`; neither TensorFlow nor the
+official code is needed here. Where our computation is the official one the tests ask for equality at a relative 1e-6;
+where the chapter departs on purpose they compute both and assert the size of the difference the chapter states.
+"""
+import json, math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dml_book.losses import NPairLoss, TripletLoss
+from dml_book.methods.hdml import (WindowAverage, decay_penalty, generator_objective, grouped_npair_loss, metric_objective,
+                                   npair_synthesis, official_j_m, official_triplet_loss, pulling_lambda, reconstruction_loss,
+                                   synthesis_weight, triplet_synthesis)
+
+FIX = json.loads((Path(__file__).parent/"fixtures"/"parity"/"hdml.json").read_text())
+OUT, FLAGS = FIX["outputs"], FIX["flags"]
+TRI, NP = FIX["inputs"]["triplet"], FIX["inputs"]["npair"]
+ALPHA, BETA, LAM, SOFTMAX_FACTOR = FLAGS["alpha"], FLAGS["beta"], FLAGS["_lambda"], FLAGS["Softmax_factor"]
+
+
+def t64(x, grad=False): return torch.tensor(x, dtype=torch.float64, requires_grad=grad)
+
+
+def _np(a) -> np.ndarray:
+    "A tensor, list or number as a float64 array (a tensor's own precision kept: no detour through float32)."
+    return a.detach().cpu().double().numpy() if torch.is_tensor(a) else np.asarray(a, dtype=float)
+
+
+def rel(a, b) -> float:
+    "Largest absolute difference over the largest official magnitude."
+    a, b = _np(a), np.asarray(b, float)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def close(a, b, rtol=1e-6): np.testing.assert_allclose(_np(a), b, rtol=rtol, atol=1e-12)
+
+
+def project(y):
+    "sum(y * R) with the script's R (numpy default_rng(7), the output's shape): the scalar whose gradient the fixture holds."
+    return (y * t64(np.random.default_rng(7).standard_normal(tuple(y.shape)))).sum()
+
+
+def triplets(n): t = torch.arange(n); return t, t + n, t + 2 * n
+
+
+def classifier(w, b):
+    "The softmax layer as our method holds it (nn.Linear), with the official W_fc (in x out) and b_fc."
+    lin = nn.Linear(*np.shape(w)).double()
+    with torch.no_grad(): lin.weight.copy_(t64(w).T); lin.bias.copy_(t64(b))
+    return lin
+
+
+def test_fixture_names_the_official_code():
+    assert FIX["repository"] == "https://github.com/wzzheng/HDML" and len(FIX["commit"]) == 40
+    assert FIX["functions"]["Pulling"] == "lib/HDML.py:6" and FIX["functions"]["main_triplet.J_gen"].startswith("main_triplet.py:")
+    assert (ALPHA, BETA, LAM, SOFTMAX_FACTOR) == (90.0, 1e4, 0.5, 1e4)
+
+
+def test_lambda_and_triplet_pull_equal_the_official_ones():
+    "lambda = exp(-alpha / J_avg) and the pulled negatives of eq. (4) (the code's Pulling), values and gradients."
+    labels = torch.tensor(TRI["labels"])
+    for rec in OUT["pull_triplet"]:
+        lam = pulling_lambda(rec["j_avg"], ALPHA)
+        close(lam, rec["lam"])
+        z = t64(TRI["z"], grad=True)
+        z_in, _, _ = triplet_synthesis(z, labels, triplets(len(z) // 3), lam)
+        close(z_in, rec["z_in"])
+        project(z_in).backward()
+        close(z.grad, rec["grad"])
+    moved = ~np.isclose(OUT["pull_triplet"][2]["z_in"], TRI["z"]).all(1)
+    assert moved[12:].sum() >= 3 and not moved[:14].any()     # easy negatives move, hard ones (rows 12, 13) and a, p stay
+
+
+def test_npair_pull_equals_the_official_one():
+    "The N x N grid of N-pair candidates pulled towards each anchor: the layout and values of the code's N-pair branch."
+    z_all, labels = NP["z"], torch.tensor(NP["labels"])
+    n = len(z_all) // 2
+    for rec in OUT["pull_npair"]:
+        z = t64(z_all, grad=True)
+        z_in, _, _ = npair_synthesis(z, labels, (torch.arange(n), torch.arange(n) + n), pulling_lambda(rec["j_avg"], ALPHA))
+        close(z_in, rec["z_in"])
+        project(z_in).backward()
+        close(z.grad, rec["grad"])
+
+
+def test_j_avg_window_equals_the_official_collector():
+    "The block mean of 64 values (NaN skipped) after the first window; before it, the code's 1e6 where we hold inf."
+    rec = OUT["j_avg"]
+    avg = WindowAverage(64)
+    ours = [avg.update(float("nan") if x is None else x) for x in rec["sequence"]]
+    first = next(i for i, r in enumerate(rec["reads"]) if r != rec["init"])
+    assert first == 63 and rec["sequence"][70] is None   # the 64th value closes the first window; a NaN delays the next
+    close(ours[first:], rec["reads"][first:], rtol=1e-12)
+    assert all(math.isinf(x) for x in ours[:first]) and set(rec["reads"][:first]) == {1e6}
+
+
+def test_departure_initial_running_values():
+    "Before the first window: lambda 1 and weight 1 (ours) against exp(-90/1e6) and exp(-1e4/1e6) (the code's 1e6)."
+    off_lam, off_w = OUT["pull_triplet"][0]["lam"], OUT["objectives_triplet"][0]["weight"]
+    np.testing.assert_allclose(pulling_lambda(float("inf"), ALPHA) - off_lam, 9.0e-5, atol=5e-7)
+    np.testing.assert_allclose(synthesis_weight(float("inf"), BETA) - off_w, 9.95e-3, atol=5e-6)
+
+
+def test_departure_paper_alpha_for_triplets():
+    "The paper-triplet preset's alpha = 7 (Sec. 4.2) against the code's 90 at J_avg = 45: lambda 0.856 against 0.135."
+    rec = OUT["pull_triplet"][2]
+    assert rec["j_avg"] == 45.0
+    np.testing.assert_allclose((pulling_lambda(45.0, 7.0), rec["lam"]), (0.8559, 0.1353), atol=5e-5)
+
+
+def decaying_optimizer(params):
+    "The metric's Adam with the official weight decay on what the official wdLoss covers (not batch norm, not the generator)."
+    decayed = [nn.Parameter(t64(v)) for k, v in params.items() if "batch_normalization" not in k and "Generator" not in k]
+    rest = [nn.Parameter(t64(v)) for k, v in params.items() if "batch_normalization" in k]
+    return torch.optim.Adam([dict(params=decayed, weight_decay=FLAGS["Regular_factor"]), dict(params=rest, weight_decay=0.0)])
+
+
+def test_weight_j_m_and_metric_objective_equal_the_official_ones():
+    "Eq. (11)'s weight, J_m (loss + weight decay, weighted), J_syn and the gradient of J_metric w.r.t. real and synthetic embeddings."
+    labels, trip = torch.tensor(TRI["labels"]), triplets(len(TRI["z"]) // 3)
+    loss_fn = TripletLoss(margin=1.0, squared=True, reduction="sum", normalize=False)    # the paper presets' loss
+    decay = decay_penalty(decaying_optimizer(TRI["params"]))
+    for rec in OUT["objectives_triplet"]:
+        w = synthesis_weight(rec["j_gen"], BETA)
+        close(w, rec["weight"])
+        close(decay, rec["wdLoss"])
+        z, z_syn = t64(TRI["z"], grad=True), t64(TRI["z_syn"], grad=True)
+        j_real, j_syn = loss_fn(z, labels, trip), loss_fn(z_syn, labels, trip)
+        close(official_triplet_loss(z, trip), rec["J_m"] - rec["wdLoss"]); close(j_real, rec["J_m"] - rec["wdLoss"])
+        close(official_j_m(official_triplet_loss(z, trip).item(), decay, w), rec["J_m_weighted"])
+        close((1 - w) * j_syn, rec["J_syn"])
+        metric_objective(j_real, j_syn, w).backward()
+        close(z.grad, rec["grad_J_metric"]["z"]); close(z_syn.grad, rec["grad_J_metric"]["z_syn"])
+
+
+def test_departure_weight_decay_inside_j_metric():
+    "The code's J_metric carries its weight decay times eq. (11)'s weight; ours leaves decay to the optimiser: w * wdLoss apart (0.0230 at J_gen = 2e4)."
+    labels, trip = torch.tensor(TRI["labels"]), triplets(len(TRI["z"]) // 3)
+    loss_fn = TripletLoss(margin=1.0, squared=True, reduction="sum", normalize=False)
+    diffs = []
+    for rec in OUT["objectives_triplet"]:
+        w = synthesis_weight(rec["j_gen"], BETA)
+        ours = metric_objective(loss_fn(t64(TRI["z"]), labels, trip), loss_fn(t64(TRI["z_syn"]), labels, trip), w).item()
+        close(rec["J_metric"] - ours, w * rec["wdLoss"])
+        diffs.append(rec["J_metric"] - ours)
+    np.testing.assert_allclose(diffs[1], 0.0230, atol=5e-5)
+
+
+def test_departure_j_m_loss_option():
+    "`j_m='loss'` (the paper's 'average metric loss') feeds J(T) alone: 6.736 where the code's J_m is 4.109 at J_gen = 2e4 (+63.9%)."
+    rec = OUT["objectives_triplet"][1]
+    j = official_triplet_loss(t64(TRI["z"]), triplets(len(TRI["z"]) // 3)).item()
+    np.testing.assert_allclose((j, rec["J_m_weighted"], j / rec["J_m_weighted"] - 1), (6.736, 4.109, 0.639), atol=5e-4)
+
+
+def test_generator_objective_equals_the_official_one():
+    "J_recon, J_soft and J_gen of main_triplet.py with the presets' recon_weight=0.5, softmax_factor=1e4, gen_lambda=0.5; gradients too."
+    labels = torch.tensor(TRI["labels"])
+    soft = classifier(TRI["W_fc"], TRI["b_fc"])
+    for rec in OUT["objectives_triplet"][:1]:          # J_gen does not depend on J_gen's average: one record suffices
+        y_rec, y_syn = t64(TRI["y_rec"], grad=True), t64(TRI["y_syn"], grad=True)
+        j_recon, j_soft = reconstruction_loss(y_rec, t64(TRI["y"])), F.cross_entropy(soft(y_syn), labels)
+        close((1 - LAM) * j_recon, rec["J_recon"]); close(SOFTMAX_FACTOR * LAM * j_soft, rec["J_soft"])
+        j_gen = generator_objective(j_recon, j_soft, LAM, recon_weight=1 - LAM, softmax_factor=SOFTMAX_FACTOR)
+        close(j_gen, rec["J_gen"])
+        j_gen.backward()
+        close(y_rec.grad, rec["grad_J_gen"]["y_rec"]); close(y_syn.grad, rec["grad_J_gen"]["y_syn"])
+
+
+def test_departure_eq9_as_printed():
+    "Eq. (9) as printed, J_recon + 0.5 J_soft (the method's recon_weight=1, softmax_factor=1): 1.2% of the code's J_gen on the fixture."
+    rec = OUT["objectives_triplet"][0]
+    j_recon = reconstruction_loss(t64(TRI["y_rec"]), t64(TRI["y"]))
+    j_soft = F.cross_entropy(classifier(TRI["W_fc"], TRI["b_fc"])(t64(TRI["y_syn"])), torch.tensor(TRI["labels"]))
+    printed = generator_objective(j_recon, j_soft, LAM).item()
+    np.testing.assert_allclose(printed / rec["J_gen"], 0.0120, atol=5e-5)
+
+
+def test_npair_j_soft_departure():
+    """N-pair J_soft: the code adds the mean cross-entropy of the N x N synthetic negatives and that of the N anchors
+    (genSoftmax); ours averages over all N + N^2 synthetic features at once, which weighs the anchors N times less."""
+    n = len(NP["y_syn_anc"])
+    labels = torch.tensor(NP["labels"])
+    l_in = torch.cat([labels[:n], labels[n:].repeat(n)])                   # npair_synthesis's labels
+    soft = classifier(NP["W_fc"], NP["b_fc"])
+    ya, yn = t64(NP["y_syn_anc"], grad=True), t64(NP["y_syn_neg"], grad=True)
+    ce = F.cross_entropy(soft(torch.cat([ya, yn])), l_in, reduction="none")
+    official = SOFTMAX_FACTOR * LAM * (ce[:n].mean() + ce[n:].mean())      # the code's split, on our layer and layout
+    close(official, OUT["j_soft_npair"]["value"])
+    official.backward(retain_graph=True)
+    close(ya.grad, OUT["j_soft_npair"]["grad"]["y_syn_anc"]); close(yn.grad, OUT["j_soft_npair"]["grad"]["y_syn_neg"])
+    ours = SOFTMAX_FACTOR * LAM * F.cross_entropy(soft(torch.cat([ya, yn])), l_in)   # objectives(): one mean
+    np.testing.assert_allclose(ours.item() / OUT["j_soft_npair"]["value"] - 1, -0.4859, atol=5e-5)
+
+
+def test_npair_losses():
+    """Real N-pair loss (npairs_loss) equals NPairLoss(l2_reg=3e-3/4); the synthetic one (new_npair_loss) has our
+    grouped_npair_loss's cross-entropy, but its norm penalty averages all N^2 candidates where ours takes each anchor's positive."""
+    z, labels = t64(NP["z"], grad=True), torch.tensor(NP["labels"])
+    l2 = FLAGS["loss_l2_reg"] / 4
+    real = NPairLoss(l2_reg=l2, normalize=False)(z, labels)
+    close(real, OUT["j_real_npair"]["value"]); real.backward(); close(z.grad, OUT["j_real_npair"]["grad"])
+    n = len(NP["z_syn_anc"])
+    za, zn = t64(NP["z_syn_anc"], grad=True), t64(NP["z_syn_neg"], grad=True)
+    _, _, syn = npair_synthesis(t64(NP["z"]), labels, (torch.arange(n), torch.arange(n) + n), 1.0)
+    emb = torch.cat([za, zn])
+    xent = grouped_npair_loss(emb, *syn)
+    official = xent + l2 * (za.pow(2).sum(1).mean() + zn.pow(2).sum(1).mean())
+    close(official, OUT["j_syn_npair"]["value"])
+    official.backward()
+    close(za.grad, OUT["j_syn_npair"]["grad"]["z_syn_anc"]); close(zn.grad, OUT["j_syn_npair"]["grad"]["z_syn_neg"])
+    ours = grouped_npair_loss(emb.detach(), *syn, l2_reg=l2).item()
+    np.testing.assert_allclose((ours - OUT["j_syn_npair"]["value"]) / OUT["j_syn_npair"]["value"], -2.61e-4, atol=5e-7)
+
+
+def test_objectives_wire_the_official_losses():
+    """`HDML.objectives`, the method's own iteration, on the fixture's numbers: the paper-triplet settings on the code's
+    batches of triplets give the official J_m, J_recon, J_soft and J_gen, and J_metric up to the w x weight decay that the
+    code keeps inside it. Stand-ins feed the fixture's features and embeddings: the backbone is the identity on the real
+    features, the generator returns the fixture's reconstructed and synthetic features, the head the fixture's embeddings."""
+    from types import SimpleNamespace
+    from dml_book.methods.hdml import HDML
+    n3 = len(TRI["z"]) // 3
+    inter = torch.arange(3 * n3).view(3, n3).T.reshape(-1)          # official blocks (a; p; n) -> our consecutive triples
+    y_real, labels = t64(TRI["y"])[inter], torch.tensor(TRI["labels"])[inter]
+    y_all = torch.cat([t64(TRI["y_rec"])[inter], t64(TRI["y_syn"])])   # generator(cat[z, z_in]): z in batch order, z_in in blocks
+    head = lambda t: t64(TRI["z"])[inter] if t is y_real else t64(TRI["z_syn"])
+    trainer = SimpleNamespace(model=SimpleNamespace(backbone=lambda x: x, head=head), gather=lambda z, l: (z, l), miner=None,
+                              loss_fn=TripletLoss(margin=1.0, squared=True, reduction="sum", normalize=False),
+                              optimizer=decaying_optimizer(TRI["params"]))
+    hd = HDML(pulling_factor=ALPHA, beta=BETA, gen_lambda=LAM, softmax_factor=SOFTMAX_FACTOR, recon_weight=1 - LAM, triplet_batches=True)
+    hd.mode, hd.generator, hd.classifier = "triplet", lambda inp: y_all, classifier(TRI["W_fc"], TRI["b_fc"])
+    for rec in OUT["objectives_triplet"]:
+        hd.j_avg.value, hd.j_gen_avg.value = 45.0, rec["j_gen"]
+        o = hd.objectives(trainer, y_real, labels)
+        close(o["weight"], rec["weight"]); close(o["j_m"], rec["J_m_weighted"])
+        close(SOFTMAX_FACTOR * LAM * o["j_soft"], rec["J_soft"]); close((1 - LAM) * o["j_recon"], rec["J_recon"])
+        close(o["j_gen"], rec["J_gen"]); close(o["j_metric"] + o["weight"] * rec["wdLoss"], rec["J_metric"])
