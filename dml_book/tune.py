@@ -98,7 +98,8 @@ _EPISODES = {f"{m}x{64 // m}": {"method_kwargs.n_classes": m, "method_kwargs.n_s
 SEARCH_SPACES = {   # study -> arm -> knobs; fixed before any trial (the page prints them)
     "hdml": {"baseline": _shared("loss_kwargs.margin", (0.25, 2.0)),
              "hdml": (*_shared("loss_kwargs.margin", (0.25, 2.0)), Knob("method_kwargs.pulling_factor", 1.0, 200.0, log=True),
-                      Knob("method_kwargs.beta", 1.0, 1e4, log=True), Knob("method_kwargs.j_m", choices=("official", "loss")))},
+                      Knob("method_kwargs.beta", 1.0, 1e4, log=True), Knob("method_kwargs.j_m", choices=("official", "loss")),
+                      Knob("method_kwargs.lambda_min", 0.0, 0.5), Knob("method_kwargs.max_synthetic", 0.05, 1.0))},
     "dcml": {"baseline": _shared("loss_kwargs.margin"),
              "dcml": (*_shared("loss_kwargs.margin"), Knob("method_kwargs.lambda_m", 0.05, 1.0, log=True),
                       Knob("method_kwargs.use_sign", choices=(True, False)), Knob("method_kwargs.n_learners", choices=(2, 4, 8)),

@@ -317,3 +317,20 @@ def test_triplet_batches_give_the_official_40_triplets_and_the_baseline_shares_t
     assert o["j_metric"].item() == pytest.approx(want, rel=1e-5)
     assert set(o) == {"lam", "weight", "j_real", "j_metric", "j_m", "d_ap", "d_an", "viol_real"}   # no synthesis, no synthetic values
     assert o["j_m"] == pytest.approx(want + decay_penalty(tr.optimizer), rel=1e-5)   # the official J_m: the same loss + decay
+
+
+def test_lambda_floor_and_synthetic_cap(tmp_path):
+    "The tuning knobs: lambda never below `lambda_min`, the synthetic share 1 - w never above `max_synthetic`; defaults change nothing."
+    from dml_book.methods.hdml import pulling_lambda, synthesis_weight
+    for floor, cap in [(0.0, 1.0), (0.6, 0.1)]:
+        tr = _trainer(tmp_path / f"{floor}", method_kwargs=dict(hidden=32, window=1, pulling_factor=500.0, beta=500.0,
+                                                                 lambda_min=floor, max_synthetic=cap))
+        x, y = next(iter(tr.loader))
+        tr.training_step(x, y)
+        hd = tr.method
+        lam, w = pulling_lambda(hd.j_avg.value, hd.pulling_factor), synthesis_weight(hd.j_gen_avg.value, hd.beta)
+        o = hd.objectives(tr, x, y)
+        assert o["lam"] == max(floor, lam) and o["weight"] == max(1 - cap, w)
+        if floor: assert lam < floor and w < 1 - cap   # the schedule alone would pass both bounds here
+        assert math.isclose(o["j_metric"].item(), o["weight"] * o["j_real"].item() + (1 - o["weight"]) * o["j_syn"].item(), rel_tol=1e-5)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"): HDML(lambda_min=1.5)

@@ -236,10 +236,15 @@ class HDML(Method):
                  softmax: bool = True,     # ablation switch: False drops J_soft
                  recon_weight: float = 1.0, # weight of J_recon in J_gen: 1 (eq. 9) or 1 - gen_lambda (official code)
                  triplet_batches: bool = False, # batches of triplets over two fresh classes each (the official code's)
-                 synthesize: bool = True): # False: the baseline, the same real tuples without synthesis
+                 synthesize: bool = True, # False: the baseline, the same real tuples without synthesis
+                 lambda_min: float = 0.0, # a floor on lambda (0: none, as the paper); tuning's knob against a pull that reaches the positive
+                 max_synthetic: float = 1.0): # a cap on the synthetic share 1 - w of eq. (11) (1: none, as the paper)
         super().__init__()
         if not (recon or softmax): raise ValueError("the generator needs at least one of recon and softmax")
         if pulling_factor < 0 or beta < 0: raise ValueError(f"pulling_factor and beta must be >= 0, got {pulling_factor} and {beta}")
+        if not (0 <= lambda_min <= 1 and 0 <= max_synthetic <= 1):
+            raise ValueError(f"lambda_min and max_synthetic must lie in [0, 1], got {lambda_min} and {max_synthetic}")
+        self.lambda_min, self.max_synthetic = float(lambda_min), float(max_synthetic)
         self.j_m = check_choice("j_m", j_m, ("official", "loss"), ConfigError, owner="HDML")
         self.pulling_factor, self.beta, self.gen_lambda = float(pulling_factor), float(beta), float(gen_lambda)
         self.lr_gen, self.lr_softmax, self.hidden, self.recon, self.softmax = lr_gen, lr_softmax, hidden, recon, softmax
@@ -376,7 +381,8 @@ def objectives(self: HDML,
                labels: torch.Tensor, # their labels
               ) -> dict:
     "J(T), J(T~), J_metric (eq. 11), J_recon, J_soft, J_gen (eq. 9), the softmax layer's loss on real features, J_m and the hardness to log."
-    lam, w = pulling_lambda(self.j_avg.value, self.pulling_factor), synthesis_weight(self.j_gen_avg.value, self.beta)
+    lam = max(self.lambda_min, pulling_lambda(self.j_avg.value, self.pulling_factor))            # eq. (4), floored
+    w = max(1 - self.max_synthetic, synthesis_weight(self.j_gen_avg.value, self.beta))          # eq. (11), synthetic share capped
     y = trainer.model.backbone(images)
     z, glabels = trainer.gather(trainer.model.head(y), labels)   # the global batch under torchrun (identity otherwise)
     y, labels = trainer.gather(y, labels)[0], glabels            # features too: J_recon sums and J_soft averages over the global batch
