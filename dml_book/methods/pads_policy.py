@@ -52,7 +52,7 @@ class TrainingState(nn.Module):
              m: Tensor, # the metric vector of this step
             ):
         "Record the metric vector $m_t$ of one policy step."
-        m = torch.as_tensor(m, dtype=torch.float32).flatten()
+        m = torch.as_tensor(m, dtype=self.metrics.dtype).flatten()   # the default dtype at construction
         if len(m) != self.n_metrics: raise ValueError(f"expected {self.n_metrics} metrics, got {len(m)}")
         self.metrics = torch.cat([self.metrics, m[None]])[-max(self.history, *self.windows):]
 
@@ -67,7 +67,7 @@ def forward(self: TrainingState,
     hist = self.metrics[-self.history:]
     hist = torch.cat([hist[:1].expand(self.history - len(hist), -1), hist])
     avgs = torch.stack([self.metrics[-w:].mean(0) for w in self.windows])
-    return torch.cat([hist.flatten(), avgs.flatten(), probs.float().flatten().to(hist.device), torch.tensor([float(progress)])])
+    return torch.cat([hist.flatten(), avgs.flatten(), probs.flatten().to(hist), torch.tensor([float(progress)]).to(hist)])
 @patch
 def get_extra_state(self: TrainingState) -> dict: return {"metrics": self.metrics.clone()}
 @patch
