@@ -32,10 +32,11 @@ def f64():
     torch.set_default_dtype(old)
 
 
-def official_to_ours(flat: np.ndarray, learner: PolicyLearner) -> list[torch.Tensor]:
-    "The official parameter vector (action rows a*K+k) as our parameters (actor rows k*3+a), in our order."
+def official_to_ours(flat: np.ndarray, learner: PolicyLearner, critic: bool = True) -> list[torch.Tensor]:
+    "The official parameter vector (action rows a*K+k) as our parameters (actor rows k*3+a), in our order (critic=False: no value head)."
     out, i = [], 0
     for name, p in learner.policy.named_parameters():
+        if name.startswith("critic") and not critic: continue
         x = flat[i:i + p.numel()]; i += p.numel()
         if name.startswith("actor"): x = x.reshape(3, K, -1).transpose(1, 0, 2).reshape(-1)   # (a, k) -> (k, a)
         out.append(torch.tensor(x).view_as(p))
@@ -43,32 +44,36 @@ def official_to_ours(flat: np.ndarray, learner: PolicyLearner) -> list[torch.Ten
     return out
 
 
-def drive(learner_kwargs=None):
-    "Our TrainingState, PolicyLearner and apply_actions over the official run's calls; every quantity per call."
-    learner = PolicyLearner(F["states"].shape[1], K, S["action_values"], tuple(S["hidden"]), S["policy_lr"], algorithm="ppo",
-                            baseline="a2c", clip=S["ppo_clip"], old_policy_every=S["old_policy_every"], critic="metric",
-                            gamma=S["discount"], **(learner_kwargs or {}))
+def drive(prefix="", algorithm="ppo", baseline="a2c"):
+    "Our TrainingState, PolicyLearner and apply_actions over an official run's calls (`prefix`: its variant); every quantity per call."
+    learner = PolicyLearner(F["states"].shape[1], K, S["action_values"], tuple(S["hidden"]), S["policy_lr"], algorithm=algorithm,
+                            baseline=baseline, clip=S["ppo_clip"], old_policy_every=S["old_policy_every"], critic="metric",
+                            gamma=S["discount"], ema_rate=0.05)
     with torch.no_grad():
-        for p, x in zip(learner.policy.parameters(), official_to_ours(F["init_params"], learner)): p.copy_(x)
+        named = dict(learner.policy.named_parameters())
+        for (n, p), x in zip([(n, p) for n, p in named.items() if baseline == "a2c" or not n.startswith("critic")],
+                             official_to_ours(F[prefix + "init_params"], learner, critic=baseline == "a2c")): p.copy_(x)
         learner.old_policy.load_state_dict(learner.policy.state_dict())
     state = TrainingState(n_metrics=F["metrics"].shape[1], windows=S["windows"], history=S["history"])
     probs, e = torch.tensor(F["init_distr"]), F["metrics"][:, [0, 4]].mean(1)    # reward: mean of R@1 and NMI
-    rec = {k: [] for k in ("state", "loss", "grad", "params", "old", "action_probs", "bins", "distr")}
+    rec = {k: [] for k in ("state", "loss", "grad", "params", "old", "action_probs", "bins", "distr", "advantage", "learner")}
+    rec["learner"] = learner
+    actions = F[prefix + "actions"]
     for t, m in enumerate(F["metrics"]):
         state.push(torch.tensor(m))
         s = state(probs, S["progress_iters"][t] / S["max_iter"])
         rec["state"].append(s.numpy())
         if t:
-            out = learner.update(s_prev, torch.tensor(F["actions"][t - 1]), reward(float(e[t]), float(e[t - 1])), s, metric=float(e[t]))
-            rec["loss"].append(out["policy_loss"])
-            rec["grad"].append([p.grad.clone() for p in learner.policy.parameters()])
+            out = learner.update(s_prev, torch.tensor(actions[t - 1]), reward(float(e[t]), float(e[t - 1])), s, metric=float(e[t]))
+            rec["loss"].append(out["policy_loss"]); rec["advantage"].append(out["advantage"])
+            rec["grad"].append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in learner.policy.parameters()])
             rec["params"].append([p.detach().clone() for p in learner.policy.parameters()])
         rec["old"].append([p.detach().clone() for p in learner.old_policy.parameters()])
         pi = torch.softmax(learner.policy(s)[0], -1).detach()                        # (K, 3)
         rec["action_probs"].append(pi.numpy())
         cdf = torch.cumsum(pi, -1); cdf = cdf / cdf[:, -1:]                          # the same uniform, our probabilities
         rec["bins"].append(np.array([np.searchsorted(cdf[k].numpy(), u, side="right") for k, u in enumerate(F["uniforms"][t])]))
-        probs = apply_actions(probs, torch.tensor(F["actions"][t]), S["action_values"])
+        probs = apply_actions(probs, torch.tensor(actions[t]), S["action_values"])
         rec["distr"].append(probs.numpy())
         s_prev = s
     return rec
@@ -98,15 +103,31 @@ def test_action_probabilities_and_actions_equal_the_official(run):
 
 
 def test_ppo_a2c_update_equals_the_official(run):
-    "critic='metric' is the published update: loss, every gradient, the parameters after Adam, PPO's old policy."
-    learner = PolicyLearner(F["states"].shape[1], K, S["action_values"], tuple(S["hidden"]))
+    "critic='metric' is the published update: loss and every gradient at each step, the parameters after the last Adam step, PPO's old policy."
+    learner = run["learner"]
     assert rel(run["loss"], F["losses"]) < RTOL
-    for t, (g, p) in enumerate(zip(run["grad"], run["params"])):
+    for t, g in enumerate(run["grad"]):
         for ours, theirs in zip(g, official_to_ours(F["grads"][t], learner)): assert rel(ours, theirs) < RTOL
-        for ours, theirs in zip(p, official_to_ours(F["params_after"][t], learner)): assert rel(ours, theirs) < RTOL
-    for t, o in enumerate(run["old"]):
-        for ours, theirs in zip(o, official_to_ours(F["old_params"][t], learner)): assert rel(ours, theirs) < RTOL
-    assert not np.allclose(F["old_params"][0], F["old_params"][-1])   # the old policy was refreshed inside the run
+    for ours, theirs in zip(run["params"][-1], official_to_ours(F["params_final"], learner)): assert rel(ours, theirs) < RTOL
+    for ours, theirs in zip(run["old"][-1], official_to_ours(F["old_params_final"], learner)): assert rel(ours, theirs) < RTOL
+    refreshed = [t for t, o in enumerate(run["old"]) if any(not torch.equal(a, b) for a, b in zip(o, run["old"][0]))]
+    assert refreshed[0] == int(F["old_refresh_call"])   # the same call refreshes the old policy in both codes
+
+
+@pytest.mark.parametrize("prefix,algorithm,baseline", [("reinforce_", "reinforce", "a2c"), ("ema_", "ppo", "ema")])
+def test_other_official_updates_equal_ours(f64, prefix, algorithm, baseline):
+    """REINFORCE with the critic (`--policy_mode reinforce`) and PPO with the moving-average baseline (`--policy_dont_use_a2c`):
+    the losses of every step, the first gradient, the parameters after the last step, and the moving average itself."""
+    run = drive(prefix, algorithm, baseline)
+    critic = baseline == "a2c"
+    assert rel(run["loss"], F[prefix + "losses"]) < RTOL
+    first = [g for (n, _), g in zip(run["learner"].policy.named_parameters(), run["grad"][0]) if critic or not n.startswith("critic")]
+    for ours, theirs in zip(first, official_to_ours(F[prefix + "first_grad"], run["learner"], critic)): assert rel(ours, theirs) < RTOL
+    last = [p for (n, _), p in zip(run["learner"].policy.named_parameters(), run["params"][-1]) if critic or not n.startswith("critic")]
+    for ours, theirs in zip(last, official_to_ours(F[prefix + "final_params"], run["learner"], critic)): assert rel(ours, theirs) < RTOL
+    if not critic:
+        e = F["metrics"][:, [0, 4]].mean(1); r = np.sign(np.diff(e))
+        assert rel(r - np.array(run["advantage"]), F[prefix + "baselines"]) < RTOL
 
 
 def test_distribution_update_equals_the_official(run):

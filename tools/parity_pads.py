@@ -169,24 +169,48 @@ def main():
     dists = None if "scipy" in stubbed or "sklearn" in stubbed else \
         np.array(off.Compute_Complete_Metrics.dists(None, emb, emb_labels.reshape(-1, 1)), dtype=float)
 
+    # ---- two more official settings on the same metrics: REINFORCE with the critic, and PPO with the moving-average
+    #      baseline (`--policy_dont_use_a2c`); the first update's gradient, the losses, the baselines, the final parameters
+    variants = {}
+    for tag, mode, a2c in (("reinforce", "reinforce", True), ("ema", "ppo", False)):
+        torch.manual_seed(0); np.random.seed(0); call["i"] = 0
+        v = off.PADS({**general, "mode": mode}, state_pars, {**policy_pars, "use_a2c": a2c}, sampler_pars, val_pars)
+        v.calc_val_metrics = types.SimpleNamespace(compute=compute)
+        crit_v = types.SimpleNamespace(); v.assign_sampler(crit_v)
+        baselines, orig_ema = [], v.exp_mov_avg
+        def ema(vals, alpha, orig_ema=orig_ema, baselines=baselines): b = orig_ema(vals, alpha); baselines.append(b); return b
+        v.exp_mov_avg = ema
+        init_v, n_draws, n_losses, first_grad = flat(v.policy.parameters()), len(rec.draws), len(captured), None
+        torch.Tensor.backward = backward
+        v.update(crit_v, None, 0, 0)
+        for t in range(args.calls):
+            v.update(crit_v, None, 10 * (t + 1), 0)
+            if first_grad is None and len(captured) > n_losses: first_grad = flat_grad(v.policy.parameters())
+        torch.Tensor.backward = orig_backward
+        variants.update({f"{tag}_init_params": init_v, f"{tag}_actions": np.array([d[2] for d in rec.draws[n_draws:]]).reshape(args.calls, K),
+                         f"{tag}_losses": np.array(captured[n_losses:]), f"{tag}_first_grad": first_grad,
+                         f"{tag}_final_params": flat(v.policy.parameters()), f"{tag}_baselines": np.array(baselines, dtype=float)})
+
     out = args.out; out.mkdir(parents=True, exist_ok=True)
     arrays = dict(metrics=metrics, states=np.stack(states), action_probs=np.stack(probs), actions=np.array(actions),
                   uniforms=np.array(uniforms), losses=np.array(losses), init_params=init_params, grads=np.stack(grads),
-                  params_after=np.stack(params_after), old_params=np.stack(old_params), init_distr=init_distr,
+                  params_final=params_after[-1], old_params_final=old_params[-1], init_distr=init_distr,
+                  old_refresh_call=np.array([t for t in range(len(old_params)) if not np.array_equal(old_params[t], init_params)][0]),
                   distrs=np.stack(distrs), nonorm_distrs=np.stack(nonorm), batch=batch, labels=labels, triplets=triplets,
                   neg_probs=neg_p, neg_uniforms=neg_u, batch_distances=dist_matrix, sampler_distr=criterion.sampler.distr,
-                  dists_embeddings=emb, dists_labels=emb_labels, **({"dists": dists} if dists is not None else {}))
+                  dists_embeddings=emb, dists_labels=emb_labels, **({"dists": dists} if dists is not None else {}), **variants)
     np.savez_compressed(out / "pads.npz", **arrays)
     meta = {"repository": f"https://github.com/{REPO}", "commit": commit, "script": "tools/parity_pads.py",
             "stubbed_imports": stubbed, "cpu_float64": "Module.cuda returns the module; torch.cuda.FloatTensor is torch.DoubleTensor",
             "functions": {
                 "states": where(off.StateMaker.make_state), "state_padding": where(off.PADS.update),
                 "action_probs": where(off.Policy.act), "policy_forward": where(off.Policy.forward),
-                "losses, grads, params_after, old_params": where(off.PADS.update),
+                "losses, grads, params_final, old_params_final, old_refresh_call": where(off.PADS.update),
                 "actions, uniforms": where(off.Policy.act), "init_distr": where(off.Parametric_Sampler.probmode),
                 "distrs, nonorm_distrs": where(off.Parametric_Sampler.update_sample_distr),
                 "triplets, neg_probs, neg_uniforms": where(off.Parametric_Sampler.give),
-                "dists": where(off.Compute_Complete_Metrics.dists)},
+                "dists": where(off.Compute_Complete_Metrics.dists),
+                "reinforce_*, ema_*": where(off.PADS.update), "ema_baselines": where(off.PADS.exp_mov_avg)},
             "settings": dict(n_bins=K, hidden=hidden, action_values=action_values, history=history, windows=windows,
                              max_iter=max_iter, progress_iters=[10 * (t + 1) for t in range(args.calls)], policy_lr=0.01,
                              ppo_clip=0.2, old_policy_every=5, discount=0.99, support=[0.1, 1.4], include_pos=True,

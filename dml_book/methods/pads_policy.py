@@ -190,7 +190,7 @@ def advantage(self: PolicyLearner,
     "The advantage $A$ and the critic loss (0 for the moving-average baseline)."
     if self.baseline == "ema":
         adv = torch.tensor(r - self.reward_ema)
-        self.reward_ema = (1 - self.ema_rate) * self.reward_ema + self.ema_rate * r
+        self.reward_ema = r if not self.n_updates else (1 - self.ema_rate) * self.reward_ema + self.ema_rate * r   # starts at r_1 (official)
         return adv, torch.zeros(())
     if self.critic == "reward":   # T = 1: V(s) = E[r | s] = 2 P(r = +1 | s) - 1, a logistic regression on z
         log_loss = F.binary_cross_entropy_with_logits(value, value.new_tensor((1 + r) / 2))
