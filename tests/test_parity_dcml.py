@@ -139,3 +139,24 @@ def test_single_feature_forward_fails_in_the_official_code():
     "The README's default (one feature) passes a list to normalize in the official forward; the script records the error."
     assert META["single_feature_forward"].startswith("AttributeError")
     assert "else if" in META["syntax_fixed"]
+
+
+def miner_departure():
+    "Our distance-weighted negative distribution on the normalised concatenation, with and without the upper cut-off."
+    from dml_book.miners import DistanceWeightedMiner
+    y, labels = concatenate(FX["sub_embeddings"]), FX["labels"]
+    with_cut = DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=1.4).probabilities(y, labels)
+    no_cut = DistanceWeightedMiner(cutoff=0.5, nonzero_loss_cutoff=float("inf")).probabilities(y, labels)
+    return with_cut, no_cut
+
+
+def test_distance_weighted_miner_departs_by_the_upper_cutoff():
+    """The official `batchminer/distance.py` weights negatives by 1/q(d) with d clipped at 0.5, and leaves its upper cut-off
+    commented out; our miner (and the DCML-MDW presets, Wu et al.'s 1.4) never draws a negative at d >= 1.4. Without the
+    cut-off ours is the official distribution; with it, the total variation is the official mass at d >= 1.4."""
+    with_cut, no_cut = miner_departure()
+    assert rel(no_cut, FX["miner_probs"]) < RTOL
+    far = FX["miner_distances"] >= 1.4
+    tv = 0.5 * (with_cut - FX["miner_probs"]).abs().sum(1)
+    assert rel(tv, (FX["miner_probs"] * far).sum(1)) < RTOL
+    assert tv.max() > 0

@@ -12,6 +12,7 @@ the official code is copied. Three things make it run on a CPU without its depen
   official forward's input *is* the backbone's feature vector (the learners, compositors and losses are the official ones);
 - the architecture file does not compile (`else if` at lines 92 and 102, a SyntaxError in Python): the script reads it,
   replaces those two `else if` by `elif` in memory, and compiles it under its own file name (line numbers unchanged);
+- `batchminer/distance.py`'s negative distribution is computed on the same normalised concatenation;
 - the margin loss's `batchminer` is the official constructor argument; a fixed list of triplets is passed, so both codes
   see the same triplets (the official distance-weighted miner draws them with numpy's global generator).
 It also records that the README's default (`--diva_features discriminative`, one feature) fails in the official forward.
@@ -26,7 +27,7 @@ import torch
 import torch.nn as nn
 
 REPO = "wzzheng/DCML"
-ARCH, MARGIN = "architectures/multifeature_resnet50.py", "criteria/margin.py"
+ARCH, MARGIN, DISTANCE = "architectures/multifeature_resnet50.py", "criteria/margin.py", "batchminer/distance.py"
 
 
 def commit_of(path: Path, given: str | None) -> str:
@@ -130,6 +131,13 @@ def main():
     y = torch.nn.functional.normalize(torch.cat([s.detach() for s in subs], 1), dim=-1).requires_grad_()
     j_dis = crit(y, labels); j_dis.backward()
 
+    # ---- the official distance-weighted batch miner's negative distribution (`--batch_mining distance`) on the same y
+    spec = importlib.util.spec_from_file_location("official_distance", args.repo / DISTANCE)
+    dist_mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(dist_mod)
+    miner = dist_mod.BatchMiner(types.SimpleNamespace(miner_distance_lower_cutoff=0.5, miner_distance_upper_cutoff=1.4))
+    yd = y.detach(); dd = miner.pdist(yd).clamp(min=miner.lower_cutoff)
+    miner_probs = np.stack([miner.inverse_sphere_distances(yd, dd[i], labels.numpy(), labels[i].item()) for i in range(B)])
+
     # ---- the README's default, one feature: the official forward fails
     opt1 = types.SimpleNamespace(**{**vars(opt), "diva_features": ["discriminative"]})
     net.pars = opt1
@@ -143,7 +151,7 @@ def main():
                   rein_grad_weight=rein_grad_w, rein_grad_bias=rein_grad_b, triplets=torch.tensor(trip),
                   j_sub=torch.tensor(j_sub), j_sub_grad_sub=torch.stack(j_sub_grad_g), j_sub_grad_weight=torch.stack(j_sub_grad_w),
                   j_dis=j_dis.detach(), j_dis_grad=y.grad)
-    arrays = {k: v.numpy() for k, v in arrays.items()}
+    arrays = {k: v.numpy() for k, v in arrays.items()} | {"miner_probs": miner_probs, "miner_distances": miner.pdist(yd).numpy()}
     out_dir = args.out; out_dir.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out_dir / "dcml.npz", **arrays)
     meta = {"repository": f"https://github.com/{REPO}", "commit": commit, "script": "tools/parity_dcml.py",
@@ -157,7 +165,8 @@ def main():
                 "composites": line_of(args.repo, ARCH, "out_dict['discriminative'] = torch.nn.functional.normalize(mod_x1"),
                 "rein": line_of(args.repo, ARCH, "supervise_loss = supervise_loss +"),
                 "j_sub": line_of(args.repo, MARGIN, "def forward"), "j_dis": line_of(args.repo, MARGIN, "def forward"),
-                "loss_sum": line_of(args.repo, "main.py", "loss = supervise_loss")},
+                "loss_sum": line_of(args.repo, "main.py", "loss = supervise_loss"),
+                "miner_probs": line_of(args.repo, DISTANCE, "def inverse_sphere_distances")},
             "settings": dict(batch=B, feature_dim=Fdim, n_learners=K, learner_dim=D, n_compositors=M, n_classes=n_classes,
                              margin=0.2, beta=1.2, diva_features=features, arch=opt.arch, init="learners: torch default; compositors: normal(0, 0.3)"),
             "arrays": {k: list(v.shape) for k, v in arrays.items()}}
