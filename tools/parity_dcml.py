@@ -30,11 +30,21 @@ REPO = "wzzheng/DCML"
 ARCH, MARGIN, DISTANCE = "architectures/multifeature_resnet50.py", "criteria/margin.py", "batchminer/distance.py"
 
 
+def fail(msg: str):
+    "One clear line on stderr, exit status 2."
+    print(f"error: {msg}", file=sys.stderr); sys.exit(2)
+
+
 def commit_of(path: Path, given: str | None) -> str:
-    "The official copy's commit: `--commit`, or `git rev-parse HEAD` where the copy is a checkout."
-    if given: return given
-    try: return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (subprocess.CalledProcessError, FileNotFoundError): sys.exit("the copy is not a git checkout: pass --commit <sha> (exit 2)")
+    "The official copy's commit: `--commit`, or `git rev-parse HEAD` where the copy is the top of a checkout."
+    if given:
+        if len(given) != 40 or any(ch not in "0123456789abcdef" for ch in given.lower()): fail(f"--commit must be a 40-digit hash, got {given!r}")
+        return given
+    git = lambda *a: subprocess.run(["git", "-C", str(path), *a], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() == path.resolve(): return git("rev-parse", "HEAD")
+    except (subprocess.CalledProcessError, FileNotFoundError): pass
+    fail(f"{path} is not the top of a git checkout: pass --commit <sha>")
 
 
 def identity_resnet(feature_dim: int):
@@ -78,7 +88,7 @@ def main():
     ap.add_argument("--commit", help="its commit (read with git where the copy is a checkout)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests/fixtures/parity")
     args = ap.parse_args()
-    if not (args.repo / ARCH).is_file(): sys.exit(f"{args.repo} holds no {ARCH} (exit 2)")
+    if not (args.repo / ARCH).is_file(): fail(f"{args.repo} holds no {ARCH}: pass a copy of {REPO}")
     commit = commit_of(args.repo, args.commit)
     torch.set_default_dtype(torch.float64)
 

@@ -31,11 +31,21 @@ MISSING = ["faiss", "pandas", "tqdm", "matplotlib", "matplotlib.pyplot", "PIL", 
            "sklearn.metrics", "sklearn.cluster", "sklearn.decomposition"]
 
 
+def fail(msg: str):
+    "One clear line on stderr, exit status 2."
+    print(f"error: {msg}", file=sys.stderr); sys.exit(2)
+
+
 def commit_of(path: Path, given: str | None) -> str:
-    "The official copy's commit: `--commit`, or `git rev-parse HEAD` where the copy is a checkout."
-    if given: return given
-    try: return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (subprocess.CalledProcessError, FileNotFoundError): sys.exit("the copy is not a git checkout: pass --commit <sha> (exit 2)")
+    "The official copy's commit: `--commit`, or `git rev-parse HEAD` where the copy is the top of a checkout."
+    if given:
+        if len(given) != 40 or any(ch not in "0123456789abcdef" for ch in given.lower()): fail(f"--commit must be a 40-digit hash, got {given!r}")
+        return given
+    git = lambda *a: subprocess.run(["git", "-C", str(path), *a], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        if Path(git("rev-parse", "--show-toplevel")).resolve() == path.resolve(): return git("rev-parse", "HEAD")
+    except (subprocess.CalledProcessError, FileNotFoundError): pass
+    fail(f"{path} is not the top of a git checkout: pass --commit <sha>")
 
 
 def stub_missing() -> list[str]:
@@ -83,7 +93,7 @@ def main():
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests/fixtures/parity")
     ap.add_argument("--calls", type=int, default=8, help="policy steps to drive")
     args = ap.parse_args()
-    if not (args.repo / "PADS_utilities.py").is_file(): sys.exit(f"{args.repo} holds no PADS_utilities.py (exit 2)")
+    if not (args.repo / "PADS_utilities.py").is_file(): fail(f"{args.repo} holds no PADS_utilities.py: pass a copy of {REPO}")
     commit = commit_of(args.repo, args.commit)
 
     stubbed = stub_missing()
