@@ -243,7 +243,7 @@ def test_ema_baseline():
     agent = PolicyLearner(5, 3, hidden=(8,), baseline="ema", ema_rate=0.5, algorithm="reinforce")
     s = torch.randn(5)
     advs = [agent.update(s, torch.tensor([0, 1, 2]), r, s)["advantage"] for r in (1.0, 1.0, -1.0)]
-    assert advs == pytest.approx([1.0, 0.5, -1.75])
+    assert advs == pytest.approx([1.0, 0.0, -2.0])   # b: 0, then r_1 = 1, then 0.5 * 1 + 0.5 * 1 (the published average starts at r_1)
 
 
 def test_ppo_old_policy_refreshed_every_k_updates():

@@ -24,7 +24,7 @@ from .pads_policy import (ACTION_VALUES, TrainingState, PolicyLearner, apply_act
 
 # %% auto #0
 __all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'NegativeSampler', 'SAMPLERS', 'bin_index',
-           'BinnedDistribution', 'sample_triplets', 'triplet_stats', 'DistanceWeighted', 'SemiHard',
+           'BinnedDistribution', 'negative_weights', 'sample_triplets', 'triplet_stats', 'DistanceWeighted', 'SemiHard',
            'DistributionSampler', 'init_probs', 'validation_split', 'class_distances', 'PADS', 'plot_trajectory',
            'distribution_means', 'plot_critic', 'plot_policy_run', 'distribution_sentence', 'critic_sentence',
            'action_effects', 'reward_signal', 'signal_sentence']
@@ -96,6 +96,22 @@ def candidate_weights(self: BinnedDistribution, d_an: Tensor, # (A, B) anchor-ca
     return torch.where(k >= 0, w / n_k.gather(1, k.clamp_min(0)).clamp_min(1), torch.zeros_like(w))
 
 # %% ../../nbs/23_methods.pads.ipynb #2d219ed9
+def negative_weights(d: Tensor, # (B, B) distances within the batch
+                     labels: Tensor, # (B,) integer labels
+                     a: Tensor, # (A,) anchors
+                     p: Tensor, # (A,) their positives
+                     distribution, # `BinnedDistribution`, or any callable (d_an (A, B), d_ap (A, 1)) -> weights (A, B)
+                     self_regularization: bool = False, # also offer the anchor's positives as negatives
+                    ) -> Tensor: # (A, B) unnormalised probability of each batch member as the anchor's negative
+    "The weight of every candidate negative of each anchor: `distribution` on other classes (and, self-regularised, the anchor's positives)."
+    same = labels[:, None] == labels[None]
+    pos = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    cand = (~same | pos)[a] if self_regularization else ~same[a]
+    if not isinstance(distribution, BinnedDistribution): return distribution(d[a], d[a, p][:, None]) * cand
+    d_an = d[a]
+    if self_regularization: d_an = torch.where(pos[a], d_an.clamp_min(float(distribution.edges[0])), d_an)  # close positives: bin 0
+    return distribution.candidate_weights(d_an, cand)
+
 def sample_triplets(embeddings: Tensor, # (B, D) batch embeddings
                     labels: Tensor, # (B,) integer labels
                     distribution, # `BinnedDistribution`, or any callable (d_an (A, B), d_ap (A, 1)) -> weights (A, B)
@@ -105,16 +121,10 @@ def sample_triplets(embeddings: Tensor, # (B, D) batch embeddings
     "One triplet per anchor: a uniform positive and a negative drawn with probability proportional to `distribution`."
     check_batch(embeddings, labels)
     d = euclidean(embeddings.detach())
-    same = labels[:, None] == labels[None]
-    pos = same & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+    pos = (labels[:, None] == labels[None]) & ~torch.eye(len(labels), dtype=torch.bool, device=labels.device)
     a = pos.any(1).nonzero().flatten()
     p = torch.multinomial(pos[a].double(), 1, generator=generator).flatten() if len(a) else a
-    cand = (~same | pos)[a] if self_regularization else ~same[a]
-    if isinstance(distribution, BinnedDistribution):
-        d_an = d[a]
-        if self_regularization: d_an = torch.where(pos[a], d_an.clamp_min(float(distribution.edges[0])), d_an)  # close positives: bin 0
-        w = distribution.candidate_weights(d_an, cand)
-    else: w = distribution(d[a], d[a, p][:, None]) * cand
+    w = negative_weights(d, labels, a, p, distribution, self_regularization)
     ok = w.sum(1) > 0
     a, p, w = a[ok], p[ok], w[ok]
     n = torch.multinomial(w.double(), 1, generator=generator).flatten() if len(a) else a

@@ -52,7 +52,7 @@ class TrainingState(nn.Module):
              m: Tensor, # the metric vector of this step
             ):
         "Record the metric vector $m_t$ of one policy step."
-        m = torch.as_tensor(m, dtype=torch.float32).flatten()
+        m = torch.as_tensor(m, dtype=self.metrics.dtype).flatten()   # the default dtype at construction
         if len(m) != self.n_metrics: raise ValueError(f"expected {self.n_metrics} metrics, got {len(m)}")
         self.metrics = torch.cat([self.metrics, m[None]])[-max(self.history, *self.windows):]
 
@@ -67,7 +67,7 @@ def forward(self: TrainingState,
     hist = self.metrics[-self.history:]
     hist = torch.cat([hist[:1].expand(self.history - len(hist), -1), hist])
     avgs = torch.stack([self.metrics[-w:].mean(0) for w in self.windows])
-    return torch.cat([hist.flatten(), avgs.flatten(), probs.float().flatten().to(hist.device), torch.tensor([float(progress)])])
+    return torch.cat([hist.flatten(), avgs.flatten(), probs.flatten().to(hist), torch.tensor([float(progress)]).to(hist)])
 @patch
 def get_extra_state(self: TrainingState) -> dict: return {"metrics": self.metrics.clone()}
 @patch
@@ -190,7 +190,7 @@ def advantage(self: PolicyLearner,
     "The advantage $A$ and the critic loss (0 for the moving-average baseline)."
     if self.baseline == "ema":
         adv = torch.tensor(r - self.reward_ema)
-        self.reward_ema = (1 - self.ema_rate) * self.reward_ema + self.ema_rate * r
+        self.reward_ema = r if not self.n_updates else (1 - self.ema_rate) * self.reward_ema + self.ema_rate * r   # starts at r_1 (official)
         return adv, torch.zeros(())
     if self.critic == "reward":   # T = 1: V(s) = E[r | s] = 2 P(r = +1 | s) - 1, a logistic regression on z
         log_loss = F.binary_cross_entropy_with_logits(value, value.new_tensor((1 + r) / 2))
