@@ -54,7 +54,7 @@ def test_set_fields_and_knob_values():
     cfg = T.set_fields(TINY, {"lr_head": 0.5, "loss_kwargs.margin": 0.7})
     assert cfg.lr_head == 0.5 and cfg.loss_kwargs == {"margin": 0.7} and TINY.loss_kwargs == {}
     with pytest.raises(StudyError, match="no configuration field 'lr'"): T.set_fields(TINY, {"lr": 1})
-    k = T.Knob("episode", choices=("a", "b"), sets={"a": {"batch_size": 32}, "b": {"batch_size": 16}})
+    k = T.Knob("episode", choices=("a", "b"), sets={"a": {"batch_size": 12}, "b": {"batch_size": 16}})
     assert T.knob_values(TINY, (k,)) == {"episode": "a"} and k.fields("b") == {"batch_size": 16}
 
 SCRIPT = textwrap.dedent("""
