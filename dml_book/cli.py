@@ -268,7 +268,7 @@ def parser(command: str|None = None, # build only this subcommand's `train` flag
     e.add_argument("name", help="an experiment of nbs/experiments (train_eval, hdml, ...) or a path to a notebook")
     e.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="override a parameter of the notebook (repeatable), e.g. -p epochs 3 -p seeds '[0, 1, 2]'")
-    e.add_argument("-f", "--parameters-file", default=None, help="a YAML file of parameters, e.g. params/hdml_cub200.yaml")
+    e.add_argument("-f", "--parameters-file", default=None, help="a YAML file of parameters, e.g. params/hdml_cub200_triplet.yaml")
     e.add_argument("--out-dir", default=None, help="where the runs and the executed notebook go (default: the notebook's out_dir)")
     e.add_argument("--kernel", default="python3", help="Jupyter kernel (default: python3)")
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar over the cells")

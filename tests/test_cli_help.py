@@ -1,6 +1,6 @@
 """`dml-book train --help`, `pretrain --help` and `list` import no torch once what they show is cached (dml_book.cli._cached):
 the cached answer is the one the package computes, and an edited package computes it anew."""
-import os, shutil, subprocess, sys
+import os, re, shutil, subprocess, sys
 from pathlib import Path
 import pytest
 
@@ -45,3 +45,10 @@ def test_an_edited_package_is_computed_anew(tmp_path):
     after, torch_loaded = run(["list", "losses"], cache, tmp_path/"src")
     assert torch_loaded and "toy_triplet" in after and "toy_triplet" not in before
     assert len(list((cache/"cli").glob("lists-*.json"))) == 2
+
+
+def test_help_and_readme_name_only_parameter_files_that_exist(tmp_path):
+    "Every params/NAME.yaml that `experiment --help` or the README names is shipped in params/."
+    text = run(["experiment", "--help"], tmp_path)[0] + (ROOT/"README.md").read_text()
+    named = set(re.findall(r"params/[\w.-]+\.yaml", text))
+    assert named and not [p for p in named if not (ROOT/p).is_file()], named
