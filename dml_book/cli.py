@@ -16,10 +16,11 @@ from .registry import (ConfigError, UnknownNameError, DATASETS, LOSSES, MINERS, 
 from .files import FileError, FIGURE_SUFFIXES, check_output, check_folder, refuse_links, save_figure   # no torch either
 
 # %% auto #0
-__all__ = ['CLI_DEFAULTS', 'LISTS', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'check_pretrain', 'pretrain_command',
-           'parser', 'results_table', 'epoch_line', 'print_epochs', 'evaluate_command', 'embed_command',
-           'index_command', 'search_command', 'catalogue', 'list_command', 'user_errors', 'read_config_file',
-           'dataset_defaults', 'train_command', 'experiment_command', 'one_line', 'error_line', 'main']
+__all__ = ['CLI_DEFAULTS', 'LISTS', 'DISTANCES', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'check_pretrain',
+           'pretrain_command', 'parser', 'results_table', 'epoch_line', 'print_epochs', 'evaluate_command',
+           'embed_command', 'index_command', 'search_command', 'catalogue', 'list_command', 'user_errors',
+           'read_config_file', 'dataset_defaults', 'train_command', 'experiment_command', 'one_line', 'error_line',
+           'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
@@ -118,7 +119,7 @@ def _add_run_commands(sub):
     se.add_argument("index_dir", help="an index folder written by `dml-book index`")
     se.add_argument("queries", nargs="+", help="query image files and folders")
     se.add_argument("-k", type=_positive, default=5, help="neighbours per query (default: 5)")
-    se.add_argument("--json", action="store_true", help='print JSON: per query {"query": path, "neighbours": [{"path", "distance"}, ...]}')
+    se.add_argument("--json", action="store_true", help='print JSON: per query {"query": path, "distance_is": what the distances are, "neighbours": [{"path", "distance"}, ...]}')
     se.add_argument("--gallery-figure", default=None, metavar="FILE", help="save a figure of the queries and their neighbours")
     se.add_argument("--run", default=None, metavar="DIR", help="the run folder, if it moved since indexing (default: the one the index records)")
     se.add_argument("--device", **dev)
@@ -347,6 +348,8 @@ def index_command(args, # the parsed command-line arguments
     print(f"{idx!r} written to {idx.save(args.out, args.force)}/")
     return 0
 
+DISTANCES = {"l2": "Euclidean distance, not squared", "ip": "1 - inner product: the cosine distance of L2-normalised embeddings"}
+
 def search_command(args, # the parsed command-line arguments
                   ) -> int:
     "`dml-book search`: the k nearest gallery images of each query image."
@@ -356,10 +359,11 @@ def search_command(args, # the parsed command-line arguments
     if args.k > len(index): print(f"dml-book: note: -k {args.k} is more than the {len(index)} images of the index: "
                                   f"{len(index)} neighbours per query", file=sys.stderr)
     files, results = search_images(index, args.queries, args.k, args.device, args.run)
-    if args.json: print(json.dumps([{"query": str(f.resolve()), "neighbours": row} for f, row in zip(files, results)]))
+    meaning = DISTANCES[index.metric]   # what the numbers are: a reader should not have to guess whether they are squared
+    if args.json: print(json.dumps([{"query": str(f.resolve()), "distance_is": meaning, "neighbours": row} for f, row in zip(files, results)]))
     else:
         for f, row in zip(files, results):
-            print(f"{f}:\n" + "\n".join(f"  {n}. {r['distance']:.4f}  {r['path']}" for n, r in enumerate(row, 1)))
+            print(f"{f}: ({meaning})\n" + "\n".join(f"  {n}. {r['distance']:.4f}  {r['path']}" for n, r in enumerate(row, 1)))
     if args.gallery_figure: save_figure(plot_search(files, results), args.gallery_figure)
     return 0
 
