@@ -157,8 +157,13 @@ def readme(nbs: Path = NBS, index: str | None = None) -> str:
     import nbformat
     from nbconvert import MarkdownExporter
     body, _ = MarkdownExporter().from_notebook_node(nbformat.reads(index or _index_with_table(nbs), as_version=4))
+    return notebook_links(body, nbs)
+
+
+def notebook_links(markdown: str, nbs: Path = NBS) -> str:
+    "`markdown` (of the repository's root) with each link to a page of the book made a link to its notebook."
     book = pages(nbs)
-    return LINK.sub(lambda m: f"]({nbs.name}/{book[m.group(1)]}{m.group(2) or ''})" if m.group(1) in book else m.group(0), body)
+    return LINK.sub(lambda m: f"]({nbs.name}/{book[m.group(1)]}{m.group(2) or ''})" if m.group(1) in book else m.group(0), markdown)
 
 
 def generated(nbs: Path = NBS) -> dict[Path, str]:
