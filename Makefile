@@ -28,11 +28,13 @@ test: $(STAMP)
 	$(BIN)/python tools/preview.py --out _preview
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 tests/
 
-# The navigation from the chapters' own titles and summaries (nbs/sidebar.yml, the home page's methods table:
-# tools/navigation.py), then README.md from the home page. Run it after adding or retitling a chapter.
+# The navigation from the chapters' own titles and summaries and the verdicts from results/ (nbs/sidebar.yml, the home
+# page's methods table, README.md from the home page: tools/navigation.py), and the front page "What we found" executed
+# with its outputs saved (it reads on a repository viewer). Run it after adding or retitling a chapter or after a study.
 readme: $(STAMP)
 	$(BIN)/python tools/navigation.py
-	$(BIN)/jupyter nbconvert --to markdown nbs/index.ipynb --output-dir . --output README
+	env -u MPLBACKEND $(BIN)/jupyter nbconvert --to notebook --execute --inplace nbs/what_we_found.ipynb   # inline figures
+	$(BIN)/nbdev-clean --fname nbs/what_we_found.ipynb
 
 docs: $(STAMP)
 	$(BIN)/nbdev-docs

@@ -1,6 +1,10 @@
-"""Ship the experiments in the wheel: `build_py` copies `nbs/experiments` (notebooks and published figures) and `params/`
-into `dml_book/_experiments/`, so that `pip install dml_book` is enough for `dml-book experiment NAME` (see
-`dml_book.results.experiments_dir`). The copies exist only in the build: the repository keeps one of each file."""
+"""Ship the experiments and the studies' summaries in the wheel: `build_py` copies `nbs/experiments` (notebooks and
+published figures) and `params/` into `dml_book/_experiments/`, so that `pip install dml_book` is enough for
+`dml-book experiment NAME` (see `dml_book.results.experiments_dir`), and the summaries of the stored runs under
+`results/` (each study's `study.json` and `study_time.json`, each run's `metrics.json` and `run.json`; no logs,
+checkpoints or data records) into `dml_book/_results/`, so that `dml_book.study` and `dml_book.findings` report the
+verdicts from a plain install (see `dml_book.results.results_dir`). The copies exist only in the build: the repository
+keeps one of each file."""
 import shutil
 from pathlib import Path
 from setuptools import setup
@@ -8,10 +12,11 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = {"nbs/experiments": "", "params": "params"}   # source folder -> folder under dml_book/_experiments
+SUMMARIES = ("study.json", "study_time.json", "metrics.json", "run.json")   # the files of results/ that ship, by name
 
 
 class BuildWithExperiments(build_py):
-    "build_py, then the experiment notebooks, their published figures and the papers' parameter files."
+    "build_py, then the experiment notebooks, their published figures, the papers' parameter files and the studies' summaries."
     def run(self):
         super().run()
         target = Path(self.build_lib)/"dml_book"/"_experiments"
@@ -20,6 +25,14 @@ class BuildWithExperiments(build_py):
             if not (HERE/src).is_dir(): raise FileNotFoundError(f"{HERE/src} is missing: build from a full source tree")
             shutil.copytree(HERE/src, target/dst, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "_*.ipynb", ".notest"))
+        results = Path(self.build_lib)/"dml_book"/"_results"
+        shutil.rmtree(results, ignore_errors=True)
+        if not (HERE/"results").is_dir(): raise FileNotFoundError(f"{HERE/'results'} is missing: build from a full source tree")
+        for f in sorted((HERE/"results").rglob("*.json")):
+            if f.name not in SUMMARIES: continue
+            dest = results/f.relative_to(HERE/"results")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, dest)
 
 
 setup(cmdclass={"build_py": BuildWithExperiments})

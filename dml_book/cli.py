@@ -16,10 +16,11 @@ from .registry import (ConfigError, UnknownNameError, DATASETS, LOSSES, MINERS, 
 from .files import FileError, FIGURE_SUFFIXES, check_output, check_folder, refuse_links, save_figure   # no torch either
 
 # %% auto #0
-__all__ = ['CLI_DEFAULTS', 'LISTS', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'tune_command', 'check_pretrain',
-           'pretrain_command', 'parser', 'results_table', 'evaluate_command', 'embed_command', 'index_command',
-           'search_command', 'catalogue', 'list_command', 'user_errors', 'read_config_file', 'dataset_defaults',
-           'train_command', 'experiment_command', 'one_line', 'error_line', 'main']
+__all__ = ['CLI_DEFAULTS', 'LISTS', 'DISTANCES', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'tune_command',
+           'check_pretrain', 'pretrain_command', 'parser', 'results_table', 'epoch_line', 'print_epochs',
+           'evaluate_command', 'embed_command', 'index_command', 'search_command', 'catalogue', 'list_command',
+           'user_errors', 'read_config_file', 'dataset_defaults', 'train_command', 'experiment_command', 'one_line',
+           'error_line', 'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
@@ -66,19 +67,25 @@ def _without_names(comment: str, names: list[str]) -> str:
     if only_names(comment): return ""
     return f"{head}; " if tail and only_names(tail) else f"{comment}; "
 
-def _add_config_flags(p: argparse.ArgumentParser):
+def _config_flags() -> list[dict]:
+    "Each field of `TrainConfig` as a flag: name, annotation and help, the registered names spelled out (imports torch)."
     from fastcore.docments import docments
     from dml_book.train import TrainConfig
-    docs, defaults, names = docments(TrainConfig), {**asdict(TrainConfig()), **CLI_DEFAULTS}, choices()
+    docs, defaults, names, rows = docments(TrainConfig), {**asdict(TrainConfig()), **CLI_DEFAULTS}, choices(), []
     for f in fields(TrainConfig):
-        flag, conv, kw = "--" + f.name.replace("_", "-"), _parse_type(str(f.type)), dict(default=argparse.SUPPRESS)
         help = docs.get(f.name) or ""
         if f.name in names: help = _without_names(help, names[f.name]) + f"one of: {', '.join(names[f.name])}"
         default = "True on a terminal" if f.name == "progress" else repr(defaults[f.name])   # no bars in a redirected log
-        help = f"{help} (default: {default})".replace("%", "%%")
-        if str(f.type) == "bool": p.add_argument(flag, action=argparse.BooleanOptionalAction, help=help, **kw)
-        elif str(f.type).startswith("tuple"): p.add_argument(flag, type=conv, nargs="+", help=help, **kw)
-        else: p.add_argument(flag, type=conv, help=help, metavar=f.name.upper(), **kw)
+        rows.append(dict(name=f.name, annotation=str(f.type), help=f"{help} (default: {default})".replace("%", "%%")))
+    return rows
+
+def _add_config_flags(p: argparse.ArgumentParser, rows: list[dict]):
+    "The flags of `_config_flags` rows, on `p`."
+    for r in rows:
+        flag, ann, kw = "--" + r["name"].replace("_", "-"), r["annotation"], dict(default=argparse.SUPPRESS, help=r["help"])
+        if ann == "bool": p.add_argument(flag, action=argparse.BooleanOptionalAction, **kw)
+        elif ann.startswith("tuple"): p.add_argument(flag, type=_parse_type(ann), nargs="+", **kw)
+        else: p.add_argument(flag, type=_parse_type(ann), metavar=r["name"].upper(), **kw)
 
 # %% ../nbs/10_cli.ipynb #372cf769
 def _add_run_commands(sub):
@@ -112,7 +119,7 @@ def _add_run_commands(sub):
     se.add_argument("index_dir", help="an index folder written by `dml-book index`")
     se.add_argument("queries", nargs="+", help="query image files and folders")
     se.add_argument("-k", type=_positive, default=5, help="neighbours per query (default: 5)")
-    se.add_argument("--json", action="store_true", help='print JSON: per query {"query": path, "neighbours": [{"path", "distance"}, ...]}')
+    se.add_argument("--json", action="store_true", help='print JSON: per query {"query": path, "distance_is": what the distances are, "neighbours": [{"path", "distance"}, ...]}')
     se.add_argument("--gallery-figure", default=None, metavar="FILE", help="save a figure of the queries and their neighbours")
     se.add_argument("--run", default=None, metavar="DIR", help="the run folder, if it moved since indexing (default: the one the index records)")
     se.add_argument("--device", **dev)
@@ -178,16 +185,20 @@ def _or_none(convert):
     "`convert`, or None for the words none, null or all (a `PretrainConfig` field typed `X | None`)."
     return lambda s: None if s.lower() in ("none", "null", "all") else convert(s)
 
-def _add_pretrain_flags(p: argparse.ArgumentParser):
-    "Every field of `PretrainConfig` as a flag, then the command's own: the cache, a copy, the zero-shot test, progress."
+def _pretrain_flags() -> list[dict]:
+    "Each field of `PretrainConfig` as a flag: name, annotation, help (imports torch)."
     from fastcore.docments import docments
     from dml_book.pretrain import PretrainConfig
     docs, defaults = docments(PretrainConfig), asdict(PretrainConfig())
-    for f in fields(PretrainConfig):
-        optional = str(f.type).endswith("| None")
-        conv = _or_none(_parse_type(str(f.type))) if optional else _parse_type(str(f.type))
-        help = f"{docs.get(f.name) or ''}{'; none for None' if optional else ''} (default: {'none' if defaults[f.name] is None else repr(defaults[f.name])})".replace("%", "%%")
-        p.add_argument("--" + f.name.replace("_", "-"), type=conv, help=help, metavar=f.name.upper(), default=argparse.SUPPRESS)
+    optional = lambda f: str(f.type).endswith("| None")
+    return [dict(name=f.name, annotation=str(f.type), help=f"{docs.get(f.name) or ''}{'; none for None' if optional(f) else ''} "
+                 f"(default: {'none' if defaults[f.name] is None else repr(defaults[f.name])})".replace("%", "%%")) for f in fields(PretrainConfig)]
+
+def _add_pretrain_flags(p: argparse.ArgumentParser, rows: list[dict]):
+    "The flags of `_pretrain_flags` rows, then the command's own: the cache, a copy, the zero-shot test, progress."
+    for r in rows:
+        conv = _or_none(_parse_type(r["annotation"])) if r["annotation"].endswith("| None") else _parse_type(r["annotation"])
+        p.add_argument("--" + r["name"].replace("_", "-"), type=conv, help=r["help"], metavar=r["name"].upper(), default=argparse.SUPPRESS)
     p.add_argument("--cache", default=None, metavar="DIR", help="cache folder of the images and of the backbone (default: cache_dir(), or $DML_BOOK_CACHE)")
     p.add_argument("--out", default=None, metavar="FILE", help="also copy the backbone to FILE (.pth) and its record to FILE's .json")
     p.add_argument("--zero-shot", action="store_true", help="also print the zero-shot Recall@1 of its features on glyphs-XL's test classes")
@@ -242,29 +253,56 @@ def pretrain_command(args, # the parsed command-line arguments
         print(f"zero-shot R@1 {zero_shot(path, xl, cfg.skip, args.cache)['R@1']:.4f} on glyphs_xl {json.dumps(xl)}, test classes")
     return 0
 
+# %% ../nbs/10_cli.ipynb #21e0e4d5
+def _fingerprint() -> str:
+    "A hash of the package's source files (name, size, modification time) and the Python version: a changed package gives another."
+    import hashlib, dml_book
+    pkg, h = Path(dml_book.__file__).resolve().parent, hashlib.sha256(sys.version.encode())
+    for f in sorted(pkg.rglob("*.py")):
+        st = f.stat(); h.update(f"{f.relative_to(pkg)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+def _cached(key: str, # what is kept: train, pretrain, lists
+            compute, # computes it (JSON-able); called when the cache has none for this package
+           ):
+    "`compute()`, kept in `<cache>/cli/<key>-<fingerprint>.json` (cache as `dml_book.data.builtin.cache_dir`, without torch)."
+    root = Path(os.environ["DML_BOOK_CACHE"]) if os.environ.get("DML_BOOK_CACHE") else Path(os.environ.get("XDG_CACHE_HOME", Path.home()/".cache"))/"dml_book"
+    f = root/"cli"/f"{key}-{_fingerprint()}.json"
+    try: return json.loads(f.read_text())
+    except (OSError, ValueError): pass
+    from dml_book.files import write_json   # no torch
+    value = compute()
+    try: f.parent.mkdir(parents=True, exist_ok=True); write_json(f, value)
+    except (OSError, ConfigError): pass   # a read-only cache: computed again next time
+    return value
+
 # %% ../nbs/10_cli.ipynb #d1f05b9b
+def _train_spec() -> dict:
+    "`train`'s flags (`_config_flags`) and the methods' presets, for its help (imports torch)."
+    choices()   # fills the registries
+    return dict(flags=_config_flags(), presets="; ".join(f"{m}: {', '.join(METHODS.get(m).presets)}" for m in METHODS.names() if METHODS.get(m).presets))
+
 def parser(command: str|None = None, # build only this subcommand's `train` flags (None: all); see `main`
           ) -> argparse.ArgumentParser:
     "The `dml-book` argument parser."
     p = argparse.ArgumentParser(prog="dml-book", description="Deep metric learning: train, evaluate, embed, index and search; run experiments.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train and evaluate one configuration (resumes from OUT/checkpoint.pt)")
-    if command in (None, "train"):   # the one subcommand whose flags need torch (TrainConfig, the registries)
-        choices()   # fills the registries
-        presets = "; ".join(f"{m}: {', '.join(METHODS.get(m).presets)}" for m in METHODS.names() if METHODS.get(m).presets)
-        t.add_argument("--preset", default=None, help=f"a named preset of the method (e.g. the paper's settings); {presets}")
+    if command in (None, "train"):   # the one subcommand whose flags need torch (TrainConfig, the registries): cached
+        spec = _cached("train", _train_spec)
+        t.add_argument("--preset", default=None, help=f"a named preset of the method (e.g. the paper's settings); {spec['presets']}")
         t.add_argument("--config", default=None, metavar="FILE",
                        help="a YAML or JSON file of the fields below (and preset); flags given here override it")
-        _add_config_flags(t)
+        _add_config_flags(t, spec["flags"])
     pt = sub.add_parser("pretrain", help="the backbone pretrained on the glyph classes glyphs-XL leaves out: cached, or trained now; prints its file")
-    if command in (None, "pretrain"): _add_pretrain_flags(pt)   # torch, as train's flags
+    if command in (None, "pretrain"): _add_pretrain_flags(pt, _cached("pretrain", _pretrain_flags))   # torch, as train's flags: cached
     _add_run_commands(sub)
     _add_tune_command(sub)
     e = sub.add_parser("experiment", help="run an experiment notebook with papermill; the executed notebook is saved beside its results")
     e.add_argument("name", help="an experiment of nbs/experiments (train_eval, hdml, ...) or a path to a notebook")
     e.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
                    help="override a parameter of the notebook (repeatable), e.g. -p epochs 3 -p seeds '[0, 1, 2]'")
-    e.add_argument("-f", "--parameters-file", default=None, help="a YAML file of parameters, e.g. params/hdml_cub200.yaml")
+    e.add_argument("-f", "--parameters-file", default=None, help="a YAML file of parameters, e.g. params/hdml_cub200_triplet.yaml")
     e.add_argument("--out-dir", default=None, help="where the runs and the executed notebook go (default: the notebook's out_dir)")
     e.add_argument("--kernel", default="python3", help="Jupyter kernel (default: python3)")
     e.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar over the cells")
@@ -280,6 +318,27 @@ def results_table(untrained: dict, # metric -> value before training
     lines = [f"{'metric':<{w}}  untrained  trained", f"{'-'*w}  ---------  -------"]
     lines += [f"{k:<{w}}  {(f'{u:.4f}' if u is not None else '-'):>9}  {v:7.4f}" for k, u, v in rows]
     return "\n".join(lines)
+
+# %% ../nbs/10_cli.ipynb #42a3c3fb
+def epoch_line(rec: dict, # an epoch record of the trainer's history (`kind` epoch)
+               epochs: int, # the run's number of epochs
+              ) -> str:
+    "One line for an epoch: 'epoch 3/5  loss 0.4123  R@1 0.4512 ...  val_R@1 0.4000  2.1 s'."
+    from dml_book.train import _metrics
+    shown = {**_metrics(rec), **({"val_R@1": rec["val_R@1"]} if rec.get("val_R@1") is not None else {})}
+    loss = "untrained" if rec["epoch"] == 0 else f"loss {rec['train_loss']:.4f}" if rec.get("train_loss") is not None else "loss -"
+    parts = [f"epoch {rec['epoch']}/{epochs}", loss, *(f"{k} {v:.4f}" for k, v in shown.items() if isinstance(v, (int, float)))]
+    return "  ".join(parts + ([f"{rec['seconds']:.1f} s"] if "seconds" in rec else []))
+
+def print_epochs(trainer, # a `Trainer` before `fit`
+                 stream=None, # where the lines go (default: stdout)
+                ):
+    "Print an `epoch_line` as each epoch of `trainer` is logged (rank 0 only), flushed: a log shows the run as it goes."
+    log = trainer.log
+    def log_and_print(record):
+        log(record)
+        if record.get("kind") == "epoch" and trainer.dist.is_main: print(epoch_line(record, trainer.cfg.epochs), file=stream or sys.stdout, flush=True)
+    trainer.log = log_and_print
 
 # %% ../nbs/10_cli.ipynb #a23086bd
 def evaluate_command(args, # the parsed command-line arguments
@@ -322,6 +381,8 @@ def index_command(args, # the parsed command-line arguments
     print(f"{idx!r} written to {idx.save(args.out, args.force)}/")
     return 0
 
+DISTANCES = {"l2": "Euclidean distance, not squared", "ip": "1 - inner product: the cosine distance of L2-normalised embeddings"}
+
 def search_command(args, # the parsed command-line arguments
                   ) -> int:
     "`dml-book search`: the k nearest gallery images of each query image."
@@ -331,10 +392,11 @@ def search_command(args, # the parsed command-line arguments
     if args.k > len(index): print(f"dml-book: note: -k {args.k} is more than the {len(index)} images of the index: "
                                   f"{len(index)} neighbours per query", file=sys.stderr)
     files, results = search_images(index, args.queries, args.k, args.device, args.run)
-    if args.json: print(json.dumps([{"query": str(f.resolve()), "neighbours": row} for f, row in zip(files, results)]))
+    meaning = DISTANCES[index.metric]   # what the numbers are: a reader should not have to guess whether they are squared
+    if args.json: print(json.dumps([{"query": str(f.resolve()), "distance_is": meaning, "neighbours": row} for f, row in zip(files, results)]))
     else:
         for f, row in zip(files, results):
-            print(f"{f}:\n" + "\n".join(f"  {n}. {r['distance']:.4f}  {r['path']}" for n, r in enumerate(row, 1)))
+            print(f"{f}: ({meaning})\n" + "\n".join(f"  {n}. {r['distance']:.4f}  {r['path']}" for n, r in enumerate(row, 1)))
     if args.gallery_figure: save_figure(plot_search(files, results), args.gallery_figure)
     return 0
 
@@ -352,8 +414,9 @@ def catalogue(what: str, # what to list: datasets, losses, miners, methods, pres
 def list_command(args, # the parsed command-line arguments
                 ) -> int:
     "`dml-book list`: what a flag can name."
+    lists = _cached("lists", lambda: {w: catalogue(w) for w in LISTS})   # no torch once cached (`_cached`)
     for what in [args.what] if args.what else LISTS:
-        rows = catalogue(what)
+        rows = lists[what]
         w = max((len(n) for n, _ in rows), default=0)
         print(f"{what}:\n" + "\n".join(f"  {n:<{w}}  {d}".rstrip() for n, d in rows))
     return 0
@@ -400,7 +463,8 @@ def dataset_defaults(cfg: TrainConfig, # the configuration so far
 def train_command(args, # the parsed command-line arguments
                  ) -> int:
     "Run `dml-book train` with parsed `args`; print the results table."
-    from dml_book.train import Trainer, preset_config
+    from dml_book.train import Trainer, preset_config, _load_registries
+    _load_registries()   # the parser's flags came from the cache (`_cached`)
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "config") and not (k == "preset" and v is None)}
     given = {**(read_config_file(args.config) if args.config else {}), **flags}   # the flags win over the file
     if isinstance(given.get("ks"), list): given["ks"] = tuple(given["ks"])
@@ -410,6 +474,7 @@ def train_command(args, # the parsed command-line arguments
     from dml_book.train import RUN_FILES
     check_folder(cfg.out, "choose another --out", create=False); refuse_links(cfg.out, RUN_FILES)   # before any work
     trainer = Trainer(cfg)
+    print_epochs(trainer)   # one line per epoch, on a terminal and in a log
     final = trainer.fit()
     if not trainer.dist.is_main: return 0   # under torchrun, rank 0 reports
     if cfg.umap and getattr(trainer, "last_embedding", None) is not None:   # the command line draws, not the trainer

@@ -15,7 +15,7 @@ from .registry import check_choice
 __all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
            'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset', 'paper_figures', 'line_up',
            'published_tables', 'ExperimentError', 'experiments_dir', 'params_file', 'experiment_names',
-           'find_experiment', 'notebook_parameters', 'coerce_parameters', 'run_experiment']
+           'find_experiment', 'results_dir', 'notebook_parameters', 'coerce_parameters', 'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
 def load_run(folder, # a run folder (holding `metrics.json`)
@@ -265,6 +265,14 @@ def find_experiment(name: str, # an experiment name (`dml-book list experiments`
     path = experiments_dir()/f"{name}.ipynb"
     if not path.exists(): check_choice("experiment", name, experiment_names(), ExperimentError)
     return path
+
+# %% ../nbs/11_results.ipynb #20d94967
+def results_dir() -> Path:
+    "`results/` beside the clone's `nbs/experiments`, else the studies' summaries installed with the package (`dml_book/_results`)."
+    import dml_book
+    for folder in (experiments_dir().parents[1]/"results", Path(dml_book.__file__).resolve().parent/"_results"):
+        if folder.is_dir(): return folder
+    raise ExperimentError("no results/ folder in this clone and none installed with dml_book: reinstall the package or run from a clone")
 
 # %% ../nbs/11_results.ipynb #327b9f5c
 def notebook_parameters(path, # an experiment notebook

@@ -185,9 +185,9 @@ def study_report(method: str, # the method's folder under `results/`
                  root=None, # the results store (default: `results/` beside `nbs/` of this clone)
                  dataset: str = "glyphs-XL") -> dict | None: # the benchmark's name in the verdicts
     "The stored study: `primary` metric, its `frame` and `table`, the `secondary` table (of the `reported` metric), one verdict per arm (`verdicts`, and by arm `verdict_of`), `facts`, `design`; None if none."
-    from dml_book.results import experiments_dir
+    from dml_book.results import results_dir
     import json
-    root = Path(root) if root is not None else experiments_dir().parent.parent/"results"
+    root = Path(root) if root is not None else results_dir()   # a clone's results/, or the summaries installed with the package
     folder = root/method
     if not folder.is_dir() or not any(folder.rglob("metrics.json")): return None
     design = json.loads((folder/"study.json").read_text()) if (folder/"study.json").exists() else {}

@@ -560,6 +560,7 @@ def run_epoch(self: Trainer) -> dict:
         self.check_step_finite(e, logs, losses)
         if self.scheduler and cfg.lr_step_per == "iteration": self.scheduler.step()
         if "loss" in logs: losses.append(logs["loss"])
+        if cfg.progress and losses: batches.comment = f"loss {losses[-1]:.4f}"   # beside the bar's steps and time left
         if self.step % cfg.log_every == 0: self.log({"epoch": e, "step": self.step, "kind": "step", **logs})
     if self.scheduler and cfg.lr_step_per == "epoch": self.scheduler.step()
     rec = {"lr": lrs, "train_loss": float(np.mean(losses)) if losses else None, "seconds": round(time.perf_counter() - t0, 3),

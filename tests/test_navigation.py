@@ -49,6 +49,7 @@ def test_every_method_chapter_is_a_row_and_every_chapter_is_in_the_sidebar():
     assert all(o in c.methods for o, c in zip(own, methods))   # each registers its own name (DMML also its episode baseline)
     assert [r.split("](")[1].split(")")[0] for r in rows] == [c.page for c in methods]
     assert rows[0].startswith("| [ALA](methods.ala.html) | adaptive learnable assessment | An LSTM assessor")
+    assert all(r.endswith(f"([study](experiments/{o}.html)) |") for r, o in zip(rows, own))   # the verdicts, from results/
     entries = nav.sidebar().split("contents:")[-1]
     assert entries.index("experiments/train_eval.ipynb") < entries.index("experiments/ala.ipynb")   # generic first
 
@@ -65,11 +66,8 @@ def test_a_toy_chapter_enters_the_sidebar_and_the_methods_table(tmp_path):
     assert sections["The methods"][-2:] == ["24_methods.dmml.ipynb", "25_methods.toy.ipynb"]
     assert sections["Experiments"][-2:] == ["experiments/pads.ipynb", "experiments/toy.ipynb"]
     index = "".join(next(c["source"] for c in json.loads((nbs/"index.ipynb").read_text())["cells"] if c.get("id") == nav.TABLE_ID))
-    assert index.splitlines()[-1] == r"| [Toy](methods.toy.html) | a method in one notebook | Every valid tuple \| no miner. |"
-    r = subprocess.run([BIN/"jupyter", "nbconvert", "--to", "markdown", str(nbs/"index.ipynb"), "--output-dir", str(tmp_path),
-                        "--output", "README"], capture_output=True, text=True)   # `make readme`'s second step
-    assert r.returncode == 0, r.stderr
-    assert "| [Toy](methods.toy.html) |" in (tmp_path/"README.md").read_text()
+    assert index.splitlines()[-1] == r"| [Toy](methods.toy.html) | a method in one notebook | Every valid tuple \| no miner. | no study stored |"
+    assert "| [Toy](nbs/25_methods.toy.ipynb) |" in (tmp_path/"README.md").read_text()   # the README, its links from the root
 
 
 def test_a_chapter_that_breaks_the_naming_rule_is_named_with_the_fix(tmp_path):
@@ -92,16 +90,15 @@ def test_a_chapter_without_title_or_summary_is_named(tmp_path):
 
 
 def test_a_method_is_one_notebook_plus_generated_files(tmp_path):
-    """On a copy of the tree: the toy chapter, `nbdev-export` and `make readme`'s two steps change nothing but the
+    """On a copy of the tree: the toy chapter, `nbdev-export` and tools/navigation.py change nothing but the
     chapter and generated files, and `dml-book list methods` and the registry know the method."""
     for name in ("nbs", "dml_book"): shutil.copytree(ROOT/name, tmp_path/name, ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
     for name in ("pyproject.toml", "README.md"): shutil.copy(ROOT/name, tmp_path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     write_toy(tmp_path/"nbs")
     subprocess.run([BIN/"nbdev-export"], cwd=tmp_path, check=True, capture_output=True)
-    subprocess.run([sys.executable, str(ROOT/"tools"/"navigation.py"), "--nbs", str(tmp_path/"nbs")], check=True, capture_output=True)
-    subprocess.run([BIN/"jupyter", "nbconvert", "--to", "markdown", "nbs/index.ipynb", "--output-dir", ".", "--output", "README"],
-                   cwd=tmp_path, check=True, capture_output=True)
+    subprocess.run([sys.executable, str(ROOT/"tools"/"navigation.py"), "--nbs", str(tmp_path/"nbs")], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(tmp_path)})   # sidebar, home page and README.md
     after = {p for p in tmp_path.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     changed = sorted(str(p.relative_to(tmp_path)) for p in after if before.get(p) != p.read_bytes())
     assert changed == ["README.md", "dml_book/_modidx.py", "dml_book/methods/toy.py", "nbs/25_methods.toy.ipynb",

@@ -23,9 +23,11 @@ def test_sidebar_lists_every_chapter_and_experiment_in_reading_order():
     notebooks = sorted(str(p.relative_to(NBS)) for p in [*NBS.glob("*.ipynb"), *(NBS/"experiments").glob("*.ipynb")]
                        if not p.name.startswith("_"))
     assert sorted(entries) == notebooks, "nbs/sidebar.yml and the notebooks differ: " + str(set(entries) ^ set(notebooks))
-    chapters = [e for e in entries if "/" not in e and e != "index.ipynb"]
-    assert entries[0] == "index.ipynb" and chapters == sorted(chapters)   # numbered chapters in order: base, then methods
-    assert all(e.startswith("experiments/") for e in entries[1 + len(chapters):])
+    front = [e for e in entries if "/" not in e and not e[0].isdigit() and e != "index.ipynb"]
+    chapters = [e for e in entries if "/" not in e and e[0].isdigit()]
+    assert entries[0] == "index.ipynb" and entries[1:1 + len(front)] == front == ["what_we_found.ipynb"]   # what we found, up front
+    assert chapters == sorted(chapters)   # numbered chapters in order: base, then methods
+    assert all(e.startswith("experiments/") for e in entries[1 + len(front) + len(chapters):])
     sections = [s["section"] for s in yaml.safe_load((NBS/"sidebar.yml").read_text())["website"]["sidebar"]["contents"] if isinstance(s, dict)]
     assert sections == ["The base", "The methods", "Experiments"]
 

@@ -44,3 +44,31 @@ def test_installed_wheel_runs_an_experiment_outside_a_clone(installed, tmp_path)
     meta = json.loads(executed.read_text())["metadata"]["papermill"]
     assert meta["input_path"] == str(site/"dml_book"/"_experiments"/"train_eval.ipynb")   # the wheel's own notebook
     assert list((tmp_path/"runs").rglob("metrics.json"))
+
+
+def test_wheel_ships_the_studies_summaries_and_no_logs(installed):
+    "Each study.json and each run's metrics.json (and run.json) under dml_book/_results; no logs, checkpoints or data records."
+    wheel, _ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {n[len("dml_book/_results/"):] for n in names if n.startswith("dml_book/_results/")}
+    for f in [*(ROOT/"results").rglob("study.json"), *(ROOT/"results").rglob("metrics.json")]:
+        assert str(f.relative_to(ROOT/"results")) in shipped, f
+    assert {Path(n).name for n in shipped} <= {"study.json", "study_time.json", "metrics.json", "run.json"}
+    assert wheel.stat().st_size < 8 << 20, wheel.stat().st_size   # the summaries are small; checkpoints and logs would not be
+
+
+def test_installed_wheel_reports_the_five_verdicts_outside_a_clone(installed, tmp_path):
+    "From an empty folder, with only the installed copy importable, `dml_book.findings` reports what the clone's results/ give."
+    _, site = installed
+    from dml_book.findings import findings
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    code = ("import json, dml_book.findings as f, dml_book.results as r, dml_book.study as s\n"
+            "print(json.dumps(dict(where=str(r.results_dir()), found=f.findings().to_dict('records'),"
+            " hdml=s.study_report('hdml')['verdicts'])))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout)
+    assert got["where"] == str(site/"dml_book"/"_results")
+    assert got["found"] == findings(root=ROOT/"results").to_dict("records")
+    assert {f["method"] for f in got["found"] if f["regime"] == "from scratch"} == {"ala", "hdml", "dcml", "pads", "dmml"}
+    assert len(got["hdml"]) >= 4 and all(v.startswith("On glyphs-XL") for v in got["hdml"])

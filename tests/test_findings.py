@@ -1,0 +1,73 @@
+"""What we found, computed and never typed: the README's verdict column equals the stored studies read by hand, the
+front page "What we found" keeps outputs that a fresh execution reproduces, and the README's links resolve on a
+repository viewer (relative links to files of the repository, none to unbuilt `*.html` pages)."""
+import json, os, re, subprocess, sys
+from pathlib import Path
+import numpy as np, pytest
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT/"results"
+METHODS = ("ala", "hdml", "dcml", "pads", "dmml")
+BIN = Path(sys.executable).parent
+
+
+def by_hand(folder: Path, arm: str, base: str = "baseline"):
+    "Mean, low, high (points) and n of the seed-paired final test R@1 differences `arm - base`, from the metrics.json files."
+    r1 = lambda a: {int(f.parent.name[4:]): json.loads(f.read_text())["final"]["R@1"] for f in (folder/a).glob("seed*/metrics.json")}
+    a, b = r1(arm), r1(base)
+    d = 100 * np.array([a[s] - b[s] for s in sorted(a.keys() & b.keys())])
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return d.mean(), d.mean() - half, d.mean() + half, len(d)
+
+
+def readme_row(method: str) -> str:
+    readme = (ROOT/"README.md").read_text().splitlines()
+    return next(l for l in readme if l.startswith(f"| [{method.upper()}](nbs/"))
+
+
+CELL = re.compile(r"(from scratch|pretrained): ([+-]\d+\.\d) \(([+-]\d+\.\d) to ([+-]\d+\.\d)\), (\d+) seeds: (better|worse|undecided)")
+
+@pytest.mark.parametrize("method", METHODS)
+def test_readme_verdicts_equal_the_stored_studies(method):
+    row = readme_row(method)
+    said = {m[0]: m[1:] for m in CELL.findall(row)}
+    for regime, folder in (("from scratch", RESULTS/method), ("pretrained", RESULTS/"pretrained"/method)):
+        if not (folder/"study.json").exists():
+            assert regime not in said, (regime, row); continue
+        main = json.loads((folder/"study.json").read_text())["main"][0]
+        mean, low, high, n = by_hand(folder, main)
+        diff, lo, hi, seeds, decided = said[regime]
+        assert [float(diff), float(lo), float(hi)] == pytest.approx([mean, low, high], abs=0.051), (regime, row)
+        assert int(seeds) == n and decided == ("better" if low > 0 else "worse" if high < 0 else "undecided")
+    assert f"([study](nbs/experiments/{method}.ipynb))" in row
+
+
+def test_readme_links_resolve_on_the_repository_viewer():
+    readme = (ROOT/"README.md").read_text()
+    links = [l.split("#")[0] for l in re.findall(r"\]\(([^)\s]+)\)", readme) if not re.match(r"[a-z]+:|#", l)]
+    assert links and not [l for l in links if l.endswith(".html")], links
+    missing = [l for l in links if not (ROOT/l).exists()]
+    assert not missing, missing
+
+
+def _outputs(nb: dict) -> dict:
+    "Cell id -> its outputs' text (markdown, plain text, streams) and whether it holds a figure."
+    out = {}
+    for c in nb["cells"]:
+        if c["cell_type"] != "code": continue
+        texts = [o.get("data", {}).get("text/markdown") or o.get("text") or "" for o in c.get("outputs", [])]
+        out[c["id"]] = ("".join("".join(t) for t in texts), any("image/png" in o.get("data", {}) for o in c.get("outputs", [])))
+    return out
+
+
+def test_findings_page_keeps_the_outputs_a_fresh_execution_gives(tmp_path):
+    saved = json.loads((ROOT/"nbs"/"what_we_found.ipynb").read_text())
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}   # the kernel's inline backend, as `make readme` runs it
+    r = subprocess.run([str(BIN/"jupyter"), "nbconvert", "--to", "notebook", "--execute", "--output-dir", str(tmp_path),
+                        str(ROOT/"nbs"/"what_we_found.ipynb")], capture_output=True, text=True, cwd=ROOT/"nbs", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fresh = _outputs(json.loads((tmp_path/"what_we_found.ipynb").read_text()))
+    kept = _outputs(saved)
+    assert kept == fresh, "nbs/what_we_found.ipynb's saved outputs differ from the stored studies: run `make readme` and commit"
+    assert kept["findings-figure"][1] and "| [HDML](experiments/hdml.html) | from scratch |" in kept["findings-table"][0]
