@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 import pandas as pd
-from .study_design import Study, study_spec, config_fields, arm_differences, check_arms, StudyError, _threads, _declared
+from .study_design import (Study, study_spec, config_fields, arm_differences, check_arms, StudyError, _threads, _declared,
+                                   _relative_paths)
 
 # %% auto #0
 __all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT', 'Knob', 'set_fields',
@@ -180,7 +181,7 @@ def calibrate_trial_length(epochs: int, # the candidate trial length
             for n, c in calibration_configs(results).items() if names is None or n in names]
     todo = [c for c in todo if not (Path(c.out)/"metrics.json").is_file()]
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        return list(pool.map(run_trial, todo, [_threads(jobs)] * len(todo)))
+        return list(pool.map(run_trial, todo, [_threads(jobs)] * len(todo), [results] * len(todo)))
 
 def trial_length_check(results="results") -> pd.DataFrame | None:
     "Per calibration configuration: validation R@1 at the end of each stored trial length and of the full schedule (seed 0)."
@@ -244,6 +245,7 @@ _KEEP = ("metrics.json", "run.json")   # a finished trial keeps these; its check
 
 def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
               threads: int = 1, # torch threads
+              results=None, # the results store: the stored configuration names paths relative to it (None: as given)
              ) -> dict:
     "Train (or resume) one trial on validation classes only; its final validation metrics. Keeps only `_KEEP`."
     import torch
@@ -254,6 +256,7 @@ def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
     (out/"run.json").write_text(json.dumps(dict(cpu_seconds=round(cpu() - c0, 1), threads=threads, device=str(trainer.device))))
     for f in out.iterdir():
         if f.name not in _KEEP: f.unlink()
+    if results is not None: _relative_paths(out, Path(results), cfg.weights_path)
     return final
 
 # %% ../nbs/11e_tune.ipynb #aec56fc6
@@ -280,7 +283,7 @@ def _objective(tuning: Tuning, arm: str, root: Path, threads: int):
         values = {k.field: k.suggest(trial) for k in tuning.spaces[arm]}
         cfg = tuning.config(arm, values); check_trial(tuning, arm, cfg)
         cfg = replace(cfg, out=str(trial_folder(root, arm, trial)))
-        try: final = run_trial(cfg, threads)
+        try: final = run_trial(cfg, threads, root.parent.parent)
         except TrainingDiverged as e: trial.set_user_attr("diverged", str(e)); return 0.0   # as good as chance: TPE learns to avoid it
         trial.set_user_attr("cpu_seconds", json.loads((Path(cfg.out)/"run.json").read_text())["cpu_seconds"])
         return final["val_R@1"]
