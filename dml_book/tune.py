@@ -302,7 +302,9 @@ def _counts(study) -> tuple[int, int]:
     ts = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING))
     done = sum(t.state == TrialState.COMPLETE for t in ts); return done, len(ts) - done
 
-def _work(tuning: Tuning, arms: tuple, url: str, root: str, threads: int, heartbeat: int, log=print) -> int:
+def _say(line: str): print(line, flush=True)   # a line per trial, at once, also into a log file
+
+def _work(tuning: Tuning, arms: tuple, url: str, root: str, threads: int, heartbeat: int, log=_say) -> int:
     "One process's share: trials of the arm with the fewest, until every arm has `tuning.trials` complete; the trials it ran."
     from optuna.storages import fail_stale_trials
     storage = open_storage(url, heartbeat); studies = {a: optuna_study(tuning, a, storage) for a in arms}
@@ -314,10 +316,11 @@ def _work(tuning: Tuning, arms: tuple, url: str, root: str, threads: int, heartb
         open_arms = [a for a, (done, busy) in counts.items() if done + busy < tuning.trials]
         if not open_arms: time.sleep(min(heartbeat, 30)); continue   # the last trials run elsewhere (or died: failed after the grace)
         arm = min(open_arms, key=lambda a: sum(counts[a]))
-        studies[arm].optimize(_objective(tuning, arm, Path(root), threads), n_trials=1)
+        mine = []   # the trial this process ran (another process's may be the study's last)
+        studies[arm].optimize(_objective(tuning, arm, Path(root), threads), n_trials=1, callbacks=[lambda s, t: mine.append(t)])
         ran += 1
         write_trials(studies[arm], Path(root)/arm/"trials.csv")
-        t = studies[arm].trials[-1]; log(f"{tuning.study.name}/{arm}: trial {t.number} {t.state.name} val R@1 {t.value}")
+        for t in mine: log(f"{tuning.study.name}/{arm}: trial {t.number} {t.state.name}, validation R@1 {t.value}")
 
 def tune(tuning: Tuning, # what to tune (`tuning_spec`)
          results="results", # the results store: trials go to `results/<study>/tuning/<arm>/`
@@ -325,7 +328,7 @@ def tune(tuning: Tuning, # what to tune (`tuning_spec`)
          jobs: int = 1, # processes side by side (each runs whole trials; on a GPU they share it)
          arms: tuple | None = None, # the arms to tune (None: all of `tuning.spaces`)
          heartbeat: int = HEARTBEAT, # seconds between heartbeats of a running trial
-         log=print) -> pd.DataFrame:
+         log=_say) -> pd.DataFrame:
     "Run the arms' trials until each has `tuning.trials` complete (resuming what is stored); one row per trial."
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
