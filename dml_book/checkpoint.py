@@ -10,6 +10,7 @@ import errno, hashlib, io, os
 from pathlib import Path
 import torch
 from .files import FileError, write_bytes
+from .reads import read_file, open_file, MAX_CHECKPOINT_BYTES
 
 # %% auto #0
 __all__ = ['MAGIC', 'CheckpointError', 'write_checkpoint', 'read_checkpoint', 'checkpoint_digest']
@@ -41,8 +42,8 @@ def read_checkpoint(path,                # a file written by `write_checkpoint`
                    ) -> dict:
     "Verify the checksum of `path` and load it with `weights_only=True`; a damaged or foreign file is one clear error."
     path = Path(path)
-    try: data = path.read_bytes()
-    except OSError as e: raise CheckpointError(f"cannot read checkpoint {path} ({e.strerror or e})") from None
+    try: data = read_file(path, "choose another --out, or remove the file to start over", MAX_CHECKPOINT_BYTES, what="checkpoint")
+    except FileError as e: raise CheckpointError(str(e)) from None   # a FIFO, a device, a link, a size past the bound
     if not data: raise _damaged(path, "empty")
     head, sep, payload = data.partition(b"\n")
     if not head.startswith(MAGIC) or not sep: raise _damaged(path, "not a dml_book checkpoint")
@@ -59,8 +60,8 @@ def checkpoint_digest(path, # a file written by `write_checkpoint`
     "The SHA-256 (hex) a checkpoint's first line records: its identity, read without loading it."
     path = Path(path)
     try:
-        with open(path, "rb") as f: head = f.read(len(MAGIC) + 65)
-    except OSError as e: raise CheckpointError(f"cannot read checkpoint {path} ({e.strerror or e})") from None
+        with open(open_file(path, "choose another checkpoint", MAX_CHECKPOINT_BYTES, what="checkpoint"), "rb") as f: head = f.read(len(MAGIC) + 65)
+    except (OSError, FileError) as e: raise CheckpointError(str(e)) from None
     digest = head[len(MAGIC):-1]
     if not head.startswith(MAGIC) or head[-1:] != b"\n" or len(digest) != 64: raise _damaged(path, "not a dml_book checkpoint")
     return digest.decode()

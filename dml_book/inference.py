@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, get_args
 import numpy as np, torch
 from torch import nn
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from .registry import DATASETS, check_choice, quote, CheckpointName
 from .data.core import build_split, preprocessing_spec, check_evaluation, RUN_RECORD, dataset_protocol
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
@@ -30,13 +30,16 @@ def open_image(path, # an image file
                mode: str = "RGB", # PIL mode to convert to
               ) -> Image.Image:
     "The image at `path`, fully decoded, in colour `mode`; a one-line error naming the file otherwise."
+    from dml_book.reads import read_file, MAX_IMAGE_BYTES
+    data = read_file(path, "name image files", MAX_IMAGE_BYTES, follow=True, what="image")   # a FIFO or a device: refused, never waited on
     try:
-        with Image.open(path) as im:
+        with Image.open(io.BytesIO(data)) as im:
             im.load()
             if im.mode == "P" and "transparency" in im.info: im = im.convert("RGBA")
             return im.convert(mode)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise ConfigError(f"cannot read image {path}: {e}") from None
+        why = "not an image format PIL reads" if isinstance(e, UnidentifiedImageError) else e
+        raise ConfigError(f"cannot read image {path}: {why}") from None
 
 # %% ../nbs/12_inference.ipynb #db6a3d1b
 class Preprocess:

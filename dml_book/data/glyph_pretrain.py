@@ -47,9 +47,10 @@ def backbone_record(weights_path: str | Path, # a weights file, perhaps a pretra
                    ) -> dict | None:
     "The pretraining record of a weights file: beside it (`pretrain_record`, the cache's) or its folder's `record.json` (a stored copy); None if neither."
     import json
+    from dml_book.reads import read_text
     p = Path(weights_path)
     for f in (p.with_suffix(".json"), p.parent/"record.json"):
-        try: rec = json.loads(f.read_text())
+        try: rec = json.loads(read_text(f, "", 1 << 20, follow=True))   # a regular file of at most 1 MiB: a FIFO never waits
         except (OSError, ValueError): continue
         if isinstance(rec, dict) and isinstance(rec.get("config"), dict) and "skip" in rec["config"]: return rec
     return None
