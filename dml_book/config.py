@@ -75,7 +75,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "dataset_kwargs": (is_dict, "a mapping of constructor arguments"),
     "transform": (optional(is_str), "the name of an image pipeline or None"),
     "backbone": (is_str, "a backbone name"),
-    "embedding_dim": (positive_int, "a positive integer"),
+    "embedding_dim": (lambda v: positive_int(v) and v <= 1 << 16, "a positive integer, at most 65536"),
     "head": one_of(Head),
     "last_stride": (lambda v: v in (1, 2) and _int(v), "1 or 2"),
     "freeze_bn": (is_bool, "true or false"),

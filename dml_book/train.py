@@ -19,7 +19,7 @@ from .data.core import (LabelledSubset, build_split, preprocessing_spec, Decoder
 from .models import build_model, Head
 from .methods.base import Method, batch_loss_output
 from .samplers import ClassBalancedBatchSampler
-from .checkpoint import write_checkpoint, read_checkpoint
+from .checkpoint import write_checkpoint, read_checkpoint, check_state
 from .files import FileError, to_json, write_json, write_text, append_line, open_lock, check_folder, refuse_links
 from .config import ConfigError, check_config, check_own_loss, OptimizerName, LRSchedule, LRStepPer, Precision
 from .losses.base import NonFiniteError
@@ -496,6 +496,7 @@ def load_checkpoint(self: Trainer,
                    ):
     "Restore everything `save_checkpoint` wrote; refuse a checkpoint of a different configuration."
     state = read_checkpoint(path, map_location=self.device)
+    check_state(path, state, {"model": self.model, "method": self.method, "loss": self.loss_fn}, dict(epoch=int, step=int, config=dict, history=list))
     mine, theirs, default = asdict(self.cfg), state["config"], asdict(TrainConfig())   # a field newer than the checkpoint: its default
     diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k, default[k]))]
     if self.cfg.lr_schedule in ("cosine", "half_exp") and mine["epochs"] != theirs["epochs"]: diff.append("epochs, which sets the length of the lr_schedule")

@@ -360,8 +360,9 @@ RUN_RECORD_SCHEMA = {   # how `data.json` is read back (`dml_book.files.read_jso
     "version": (lambda v: v == 1, "1"),
     "labels": (lambda v: isinstance(v, list) and len(v) > 0 and all(map(_count, v)), "a non-empty list of class indices"),
     "class_names": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(n, str) for n in v), "a non-empty list of names"),
-    "shape": (lambda v: isinstance(v, list) and len(v) == 3 and all(_count(x) and 1 <= x <= 1 << 16 for x in v), "[channels, height, width]"),
-    "eval_size": (_count, "a non-negative integer")}
+    "shape": (lambda v: isinstance(v, list) and len(v) == 3 and all(map(_count, v)) and v[0] in (1, 3) and all(1 <= x <= 8192 for x in v[1:]),
+              "[channels, height, width]: 1 or 3 channels, sides of 1 to 8192 pixels"),
+    "eval_size": (lambda v: _count(v) and v <= 1 << 24, "a number of test items, at most 2**24")}
 
 @DATASETS.register("_run")
 class RunRecord(Dataset):
@@ -377,6 +378,8 @@ class RunRecord(Dataset):
                         max_bytes=256 << 20)
         if max(rec["labels"]) >= len(rec["class_names"]):
             raise FileError(f"{path}: a label has no class name ({len(rec['class_names'])} names); train the run again to rewrite it")
+        if len(rec["class_names"]) > len(rec["labels"]):   # a class without an image: sizes (a proxy per class) asked for nothing
+            raise FileError(f"{path}: class_names lists {len(rec['class_names'])} classes for {len(rec['labels'])} labels; train the run again to rewrite it")
         self.shape, train = tuple(rec["shape"]), split == "train"
         self.labels = np.asarray(rec["labels"] if train else np.zeros(rec["eval_size"]), dtype=np.int64)
         self.class_names = rec["class_names"] if train else ["blank"]
