@@ -18,7 +18,7 @@ from .data.core import Decoder, EvalProtocol
 __all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'FIELD_CHECKS', 'MAX_VALUES', 'MAX_DEPTH', 'positive_int',
            'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict', 'recall_ks', 'words',
            'one_of', 'bounded', 'check_fields', 'check_device', 'annotation_check', 'check_kwargs', 'check_own_loss',
-           'trial_loss', 'loss_tuples', 'tuple_losses', 'check_pretraining', 'check_config']
+           'check_dataset_kwargs', 'trial_loss', 'loss_tuples', 'tuple_losses', 'check_pretraining', 'check_config']
 
 # %% ../nbs/08d_config.ipynb #7ae02c2d
 from .registry import ConfigError   # one class for every configuration error (the data layer raises it too)
@@ -228,6 +228,24 @@ def check_own_loss(cfg, # the `TrainConfig` to check
     if given: raise ConfigError(f"method {cfg.method!r} trains with its own {method.own_loss}; "
                                 f"{', '.join(given)} would be ignored: leave them unset")
 
+# %% ../nbs/08d_config.ipynb #eab12846
+def check_dataset_kwargs(name: str, # the registered dataset name
+                         cls, # its class
+                         kwargs: dict, # the configured dataset_kwargs
+                        ):
+    "Refuse (`ConfigError`) a dataset argument the class does not take, of another type than its annotation, or outside its `kwarg_bounds`."
+    sig = inspect.signature(cls)
+    accepted = [p for p in sig.parameters if p not in ("root", "split", "transform")]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown: raise ConfigError(f"dataset {name!r} does not take dataset_kwargs {kwargs}; it accepts: {', '.join(accepted) or 'none'}")
+    namespace = vars(sys.modules.get(getattr(cls, "__module__", None)) or sys)
+    for k, v in kwargs.items():
+        check = annotation_check(sig.parameters[k].annotation, namespace)
+        if check and not check[0](v): raise ConfigError(f"dataset_kwargs {k}={quote(v)}: dataset {name!r} expects {check[1]}")
+        lo, hi = getattr(cls, "kwarg_bounds", {}).get(k, (None, None))
+        if lo is not None and v is not None and not lo <= v <= hi:
+            raise ConfigError(f"dataset_kwargs {k}={quote(v)}: dataset {name!r} takes {k} from {lo} to {hi}")
+
 # %% ../nbs/08d_config.ipynb #e06ac21b
 def trial_loss(cfg, # the `TrainConfig`
               ):
@@ -276,6 +294,7 @@ def check_config(cfg, # the `TrainConfig` to check
     if cfg.pretrained and cfg.backbone == "smallcnn": raise ConfigError("pretrained=True: the smallcnn backbone has no pretrained weights")
     check_pretraining(cfg)
     ds = DATASETS.get(cfg.dataset)
+    check_dataset_kwargs(cfg.dataset, ds, cfg.dataset_kwargs)
     check_choice("evaluation protocol", getattr(ds, "protocol", None), get_args(EvalProtocol), ConfigError, owner=f"dataset {cfg.dataset!r}")
     root = inspect.signature(ds).parameters.get("root")
     if cfg.data_root is None and root is not None and root.default is inspect.Parameter.empty:

@@ -265,6 +265,8 @@ def evaluate_run(run_dir, # a training run's output folder
                     dataset_kwargs=dataset_kwargs if dataset_kwargs is not None else ({} if dataset else cfg.dataset_kwargs),
                     device=device, progress=False)
     other = recorded_paths_only(other, data_root, dataset_kwargs)
+    from dml_book.config import check_dataset_kwargs
+    check_dataset_kwargs(other.dataset, DATASETS.get(other.dataset), other.dataset_kwargs)   # before any data is read
     tr.cfg, tr.protocol = other, dataset_protocol(other)   # the evaluation's data and loader settings
     if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (build_split(other, s, False) for s in ("query", "gallery"))
     else: tr.test_ds = build_split(other, "test", False)

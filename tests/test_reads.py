@@ -224,3 +224,53 @@ def test_a_runs_json_that_disagrees_with_its_checkpoint_is_one_line(run, tmp_pat
 def test_a_preprocessing_of_another_colour_mode_is_one_line(run, tmp_path):
     r = copy_run(run, tmp_path); rewrite_json(r/"preprocessing.json", lambda p: p.update(mode="RGB"))
     one_line_error(cli("evaluate", r, "--device", "cpu"), f"{r/'preprocessing.json'}: mode=RGB makes 3-channel images", "takes 1 channel")
+
+
+# --- settings checked before work ---------------------------------------------------------------------------------------
+
+def usage_error(argv, capsys) -> str:
+    "The last line argparse writes for a bad value (usage lines first), after checking the exit code 2."
+    with pytest.raises(SystemExit) as e: main(list(map(str, argv)))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err
+    return err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--hnsw-m", "0", "--approximate", "hnsw"], "argument --hnsw-m: must be an integer from 1 to 1024, not 0"),
+    (["--hnsw-m", "100000", "--approximate", "hnsw"], "argument --hnsw-m: must be an integer from 1 to 1024, not 100000"),
+    (["--nlist", "0", "--approximate", "ivf"], "argument --nlist: must be an integer from 1 to 1048576, not 0"),
+    (["--nprobe", "-3", "--approximate", "ivf"], "argument --nprobe: must be an integer from 1 to 1048576, not -3"),
+    (["--batch-size", "0"], "argument --batch-size: must be an integer from 1 to 65536, not 0"),
+    (["--batch-size", "x"], "argument --batch-size: not an integer: 'x'")])
+def test_index_values_faiss_would_abort_on_are_refused_first(run, tmp_path, capsys, flags, fragment):
+    assert fragment in usage_error(["index", run, tmp_path, "--out", tmp_path/"ix", *flags], capsys)
+    assert not (tmp_path/"ix").exists()
+
+
+def test_embed_batch_size_is_checked(run, tmp_path, capsys):
+    assert "must be an integer from 1 to 65536, not -1" in usage_error(["embed", run, tmp_path, "--out", tmp_path/"e.npz", "--batch-size", "-1"], capsys)
+
+
+@pytest.mark.parametrize("settings", [dict(kind="hnsw", hnsw_m=0), dict(kind="ivf", nlist=0), dict(kind="ivf", nprobe=0), dict(kind="flat", nprobe=True)])
+def test_the_index_api_refuses_what_faiss_would_abort_on(settings):
+    from dml_book.index import Index
+    from dml_book.registry import ConfigError
+    with pytest.raises(ConfigError, match="is invalid: expected an integer from 1 to"): Index(8, **settings)
+
+
+@pytest.mark.parametrize("dataset, kwargs, fragment", [
+    ("glyphs", {"size": 100000}, "takes size from 8 to 256"), ("glyphs", {"size": 0}, "takes size from 8 to 256"),
+    ("glyphs", {"per_font": 0}, "takes per_font from 1 to 64"), ("glyphs", {"seed": -1}, "takes seed from 0 to"),
+    ("glyphs", {"size": "big"}, "expects an integer"), ("glyphs_xl", {"n_classes": 99999}, "n_classes must be between 2 and"),
+    ("glyphs_xl", {"min_images": 5, "max_images": 2}, "need 1 <= min_images <= max_images"),
+    ("glyphs_xl", {"strength": -1}, "takes strength from 0 to 4"), ("glyphs_pretrain", {"images": 0}, "takes images from 1 to 256"),
+    ("digits", {"download": 3}, "expects true or false")])
+def test_built_in_datasets_keyword_arguments_are_one_line(tmp_path, dataset, kwargs, fragment):
+    one_line_error(cli("train", "--dataset", dataset, "--dataset-kwargs", json.dumps(kwargs), "--no-umap", "--no-progress",
+                       "--out", tmp_path/"run"), fragment)
+    assert not (tmp_path/"run"/"checkpoint.pt").exists()
+
+
+def test_evaluate_checks_its_dataset_kwargs(run, tmp_path):
+    one_line_error(cli("evaluate", run, "--dataset-kwargs", '{"size": 4}', "--device", "cpu"), "takes size from 8 to 256")

@@ -142,6 +142,7 @@ def _split_classes(n_classes: int, split: BuiltinSplit) -> list[int]:
 @DATASETS.register("glyphs")
 class Glyphs(InMemoryImages):
     "Characters rendered in matplotlib's fonts; first half of the classes train, second half test."
+    kwarg_bounds = dict(seed=(0, 2**63 - 1), per_font=(1, 64), size=(8, 256))   # checked before rendering (`check_dataset_kwargs`)
     def __init__(self, root: str | Path | None = None, # cache folder (default: `cache_dir()`)
                  split: BuiltinSplit = "train", # the first half of the classes, or the second
                  transform=None, # applied to each (1, size, size) float tensor

@@ -269,7 +269,10 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
         raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
     if transform is not None and (cfg.transform is not None or tensor):   # a named pipeline, or the tensor version of the dataset's
         transform = get_transform(cfg.transform or cls.transform_preset, train, tensor=tensor)
-    ds = cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
+    try: ds = cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
+    except ValueError as e:   # a dataset's own refusal of its arguments (a ConfigError already says what it refuses)
+        if isinstance(e, ConfigError): raise
+        raise ConfigError(f"dataset {cfg.dataset!r} with dataset_kwargs {quote(cfg.dataset_kwargs)}: {e}") from None
     if transform is not None and tensor: ds.decoder = "torchvision"   # built-in data: nothing to decode
     return ds
 

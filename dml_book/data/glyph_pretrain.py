@@ -81,6 +81,7 @@ def render_glyph_pretrain(n_classes: int | None = None, # pretraining classes; N
 @DATASETS.register("glyphs_pretrain")
 class GlyphPretrain(InMemoryImages):
     "The code points glyphs-XL leaves out, as classes: `images` distorted images each train, `held_out` more test."
+    kwarg_bounds = dict(n_classes=(2, 100_000), skip=(0, 100_000), images=(1, 256), held_out=(0, 256), seed=(0, 2**63 - 1), size=(8, 256), strength=(0, 4))
     def __init__(self, root: str | Path | None = None, # cache folder (default: `cache_dir()`)
                  split: BuiltinSplit = "train", # the training images of every class, or the held-out ones
                  transform=None, # applied to each (1, size, size) float tensor

@@ -146,6 +146,7 @@ def render_glyph_products(n_classes: int = 2000, # number of classes (code point
 @DATASETS.register("glyphs_xl")
 class GlyphProducts(InMemoryImages):
     "Glyph products: characters as classes, 2-12 distorted images each; first half of the classes train, second half test."
+    kwarg_bounds = dict(n_classes=(2, 100_000), seed=(0, 2**63 - 1), size=(8, 256), strength=(0, 4), min_images=(1, 256), max_images=(1, 256))
     def __init__(self, root: str | Path | None = None, # cache folder (default: `cache_dir()`)
                  split: BuiltinSplit = "train", # the first half of the classes, or the second
                  transform=None, # applied to each (1, size, size) float tensor
