@@ -29,7 +29,8 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
 # %% auto #0
 __all__ = ['RUN_FILES', 'TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'schedule_factor',
            'build_scheduler', 'Trainer', 'resolve_workers', 'channels_last_collate', 'bf16_units', 'resolve_precision',
-           'precision_view', 'TrainingDiverged', 'environment', 'select_epoch', 'lock_out', 'train']
+           'precision_view', 'TrainingDiverged', 'TrainingCollapsed', 'environment', 'select_epoch', 'lock_out',
+           'train']
 
 # %% ../nbs/08_train.ipynb #a4fa698a
 @dataclass
@@ -85,6 +86,7 @@ class TrainConfig:
     precision: Precision = "fp32"    # the forward pass under torch.autocast (fp16 with a gradient scaler); losses stay fp32
     progress: bool = False           # show progress bars
     umap: bool = False               # save a UMAP figure of the final test embedding
+    allow_collapse: bool = False     # go on training when the embedding collapses or the loss stops moving at chance recall (`dml_book.learning`)
 
 # %% ../nbs/08_train.ipynb #806ddefa
 def preset_config(method: str, # a registered method
@@ -488,7 +490,7 @@ def save_checkpoint(self: Trainer):
 
 # %% ../nbs/08_train.ipynb #989b1216
 _RUN_KEYS = ("out", "data_root", "epochs", "device", "num_workers", "progress", "umap", "eval_every",   # may differ on resume
-             "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile")
+             "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile", "allow_collapse")
 
 @patch
 def load_checkpoint(self: Trainer,
@@ -523,6 +525,24 @@ def diverged(self: Trainer,
     last = f"{losses[-1]:.6g}" if losses else "none this epoch"
     return TrainingDiverged(f"training diverged at epoch {epoch}, step {step}: {why} (last finite loss: {last}); "
                             f"checkpoint.pt still holds epoch {epoch - 1}")
+
+# %% ../nbs/08_train.ipynb #385f4636
+class TrainingCollapsed(TrainingDiverged):
+    "A run whose embedding collapsed or whose loss stopped moving at chance recall; the last epoch's checkpoint is untouched."
+
+@patch
+def check_learning(self: Trainer,
+                   rec: dict, # the epoch's record (`run_epoch`)
+                  ):
+    "Stop the run (`TrainingCollapsed`) when `dml_book.learning.collapse_reason` finds it has stopped learning."
+    from dml_book.learning import collapse_reason
+    if self.cfg.allow_collapse or not self.dist.is_main or "R@1" not in rec: return
+    emb, labels = getattr(self, "last_embedding", None) or (None, None)
+    losses = [r["loss"] for r in self.history if r.get("kind") == "step" and "loss" in r]   # this epoch's steps are logged already
+    why = collapse_reason(losses, emb, labels, rec["R@1"])
+    if why: raise TrainingCollapsed(f"training stopped learning at epoch {self.epoch}, step {self.step}: {why}; likely a learning rate "
+                                    f"or weight decay too high for the loss, or a batch plan it cannot use; checkpoint.pt still holds epoch {self.epoch - 1}; "
+                                    f"--allow-collapse goes on anyway")
 
 # %% ../nbs/08_train.ipynb #17ab9f62
 @patch
@@ -664,6 +684,7 @@ def fit(self: Trainer) -> dict:
         while self.epoch < cfg.epochs:
             self.epoch += 1
             rec = self.run_epoch()
+            self.check_learning(rec)   # a collapse stops the run before its checkpoint, as a NaN does
             self.log({"epoch": self.epoch, "step": self.step, "kind": "epoch", **rec})
             self.keep_if_best(); self.save_checkpoint()
         self.write_metrics()

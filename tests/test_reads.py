@@ -274,3 +274,43 @@ def test_built_in_datasets_keyword_arguments_are_one_line(tmp_path, dataset, kwa
 
 def test_evaluate_checks_its_dataset_kwargs(run, tmp_path):
     one_line_error(cli("evaluate", run, "--dataset-kwargs", '{"size": 4}', "--device", "cpu"), "takes size from 8 to 256")
+
+
+# --- training that cannot learn -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--batch-size", "8", "--m-per-class", "8"], "batches of 1 class(es) x 8 image(s): the triplet loss finds no negative"),
+    (["--batch-size", "8", "--m-per-class", "1"], "batches of 8 class(es) x 1 image(s): the triplet loss finds no positive"),
+    (["--loss", "contrastive", "--batch-size", "4", "--m-per-class", "4"], "the contrastive loss finds no negative"),
+    (["--loss", "margin", "--batch-size", "6", "--m-per-class", "1"], "the margin loss finds no positive")])
+def test_a_batch_plan_without_negatives_or_positives_is_refused_before_the_run(tmp_path, flags, fragment):
+    one_line_error(cli("train", "--dataset", "digits", *flags, "--no-umap", "--no-progress", "--out", tmp_path/"run"), fragment)
+    assert not (tmp_path/"run").exists()
+
+
+def test_a_batch_plan_proxies_learn_from_is_accepted():
+    from dml_book.config import check_batch_plan
+    check_batch_plan(TrainConfig(loss="proxyanchor", batch_size=4, m_per_class=4))
+    check_batch_plan(TrainConfig(loss="normsoftmax", batch_size=8, m_per_class=1))
+
+
+COLLAPSING = ["--dataset", "digits", "--optimizer", "sgd", "--lr-backbone", "0.01", "--lr-head", "0.01", "--weight-decay", "100",
+              "--epochs", "2", "--max-steps-per-epoch", "3", "--embedding-dim", "8", "--no-umap", "--no-progress"]   # w <- w - 0.01 * 100 w = 0
+
+
+def test_a_collapsed_embedding_stops_the_run_like_a_nan(tmp_path):
+    r = cli("train", *COLLAPSING, "--out", tmp_path/"run")
+    one_line_error(r, "training stopped learning at epoch 1, step 3: the test embeddings collapsed to one point", "--allow-collapse")
+    assert not (tmp_path/"run"/"checkpoint.pt").exists()   # stopped before the epoch's checkpoint, as a NaN is
+    losses = [json.loads(l)["loss"] for l in (tmp_path/"run"/"log.jsonl").read_text().splitlines() if '"step"' in l and '"loss"' in l]
+    assert len(losses) == 3 and losses[1] == losses[2] and abs(losses[2] - 0.2) < 1e-6   # the triplet loss sits at its margin
+    r = cli("train", *COLLAPSING, "--allow-collapse", "--out", tmp_path/"run2")
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_loss_pinned_at_chance_recall_is_named():
+    from dml_book.learning import collapse_reason, chance_recall
+    labels = np.repeat(np.arange(10), 5); emb = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))
+    why = collapse_reason([0.2] * 25, emb, labels, recall=chance_recall(labels))
+    assert why.startswith("the loss stayed at 0.2 for 20 logged steps while Recall@1 is 0.082, near chance (0.082)"), why
+    assert collapse_reason([0.2] * 25, emb, labels, recall=0.9) is None   # satisfied triplets in a run that learned
