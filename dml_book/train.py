@@ -498,12 +498,13 @@ def load_checkpoint(self: Trainer,
                    ):
     "Restore everything `save_checkpoint` wrote; refuse a checkpoint of a different configuration."
     state = read_checkpoint(path, map_location=self.device)
-    check_state(path, state, {"model": self.model, "method": self.method, "loss": self.loss_fn}, dict(epoch=int, step=int, config=dict, history=list))
+    check_state(path, state, {}, dict(epoch=int, step=int, config=dict, history=list))   # the fields read below, each of its type
     mine, theirs, default = asdict(self.cfg), state["config"], asdict(TrainConfig())   # a field newer than the checkpoint: its default
     diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k, default[k]))]
     if self.cfg.lr_schedule in ("cosine", "half_exp") and mine["epochs"] != theirs["epochs"]: diff.append("epochs, which sets the length of the lr_schedule")
     if diff: raise ConfigError(f"{path} was written by a different configuration (differs in: {', '.join(diff)}); "
                                f"choose another output folder")
+    check_state(path, state, {"model": self.model, "method": self.method, "loss": self.loss_fn})   # keys and shapes: one line, not a traceback
     self.model.load_state_dict(state["model"]); self.optimizer.load_state_dict(state["optimizer"])
     self.loss_fn.load_state_dict(state["loss"]); self.method.load_state_dict(state["method"])
     if self.scheduler: self.scheduler.load_state_dict(state["scheduler"])
