@@ -314,3 +314,19 @@ def test_a_loss_pinned_at_chance_recall_is_named():
     why = collapse_reason([0.2] * 25, emb, labels, recall=chance_recall(labels))
     assert why.startswith("the loss stayed at 0.2 for 20 logged steps while Recall@1 is 0.082, near chance (0.082)"), why
     assert collapse_reason([0.2] * 25, emb, labels, recall=0.9) is None   # satisfied triplets in a run that learned
+
+
+def test_a_benchmarks_list_and_archive_are_read_through_the_reading_layer(tmp_path):
+    "CUB's images.txt as a FIFO, or as a link out of the dataset folder; an archive that is a FIFO: each one line, none waited on."
+    from dml_book.data.replicas import write_cub
+    from dml_book.data.download import file_hash
+    write_cub(tmp_path/"data", classes=(1, 2, 101, 102), per_class=2)
+    images = tmp_path/"data"/"CUB_200_2011"/"images.txt"; text = images.read_text()
+    argv = ["train", "--dataset", "cub200", "--data-root", tmp_path/"data", "--batch-size", "4", "--m-per-class", "2", "--ks", "1",
+            "--no-umap", "--no-progress", "--out", tmp_path/"run"]
+    images.unlink(); os.mkfifo(images)
+    one_line_error(cli(*argv, fresh=True), f"index file {images} is a FIFO (named pipe), not a regular file")
+    images.unlink(); (tmp_path/"list.txt").write_text(text); images.symlink_to(tmp_path/"list.txt")
+    one_line_error(cli(*argv), f"index file {images} leads outside")
+    os.mkfifo(tmp_path/"a.tgz")
+    with pytest.raises(FileError, match="archive .*a.tgz is a FIFO"): file_hash(tmp_path/"a.tgz")

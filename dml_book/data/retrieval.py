@@ -24,7 +24,7 @@ def read_rows(path: Path, # the index file
               header: str | None = None, # the expected first line; None: no header
              ) -> list[list[str]]:
     "Whitespace-split rows of a text index file (checking its `header` line if given)."
-    if not path.is_file(): raise DatasetNotFoundError(f"expected {path}, which is missing; the layout is:\n{layout}")
+    if not path.exists() and not path.is_symlink(): raise DatasetNotFoundError(f"expected {path}, which is missing; the layout is:\n{layout}")
     text = read_text(path, "extract the dataset again", MAX_LIST_BYTES, root=path.parent, what="index file")   # regular, bounded, in its folder
     lines = [l for l in text.splitlines() if l.strip()]
     if header is not None:
