@@ -537,10 +537,10 @@ def check_learning(self: Trainer,
                   ):
     "Stop the run (`TrainingCollapsed`) when `dml_book.learning.collapse_reason` finds it has stopped learning."
     from dml_book.learning import collapse_reason
-    if self.cfg.allow_collapse or not self.dist.is_main or "R@1" not in rec: return
-    emb, labels = getattr(self, "last_embedding", None) or (None, None)
+    if self.cfg.allow_collapse or "R@1" not in rec: return
+    emb, labels = getattr(self, "last_embedding", None) or (None, None)   # the test embedding: on rank 0 under torchrun
     losses = [r["loss"] for r in self.history if r.get("kind") == "step" and "loss" in r]   # this epoch's steps are logged already
-    why = collapse_reason(losses, emb, labels, rec["R@1"])
+    why = on_main(self.dist, collapse_reason, losses, emb, labels, rec["R@1"])   # every rank stops, or none
     if why: raise TrainingCollapsed(f"training stopped learning at epoch {self.epoch}, step {self.step}: {why}; likely a learning rate "
                                     f"or weight decay too high for the loss, or a batch plan it cannot use; checkpoint.pt still holds epoch {self.epoch - 1}; "
                                     f"--allow-collapse goes on anyway")
