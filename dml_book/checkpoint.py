@@ -10,9 +10,10 @@ import errno, hashlib, io, os
 from pathlib import Path
 import torch
 from .files import FileError, write_bytes
+from .reads import read_file, open_file, MAX_CHECKPOINT_BYTES
 
 # %% auto #0
-__all__ = ['MAGIC', 'CheckpointError', 'write_checkpoint', 'read_checkpoint', 'checkpoint_digest']
+__all__ = ['MAGIC', 'CheckpointError', 'write_checkpoint', 'read_checkpoint', 'checkpoint_digest', 'check_state', 'load_states']
 
 # %% ../nbs/08c_checkpoint.ipynb #599dac5c
 MAGIC = b"DMLCKPT1 "  # first bytes of every checkpoint, followed by the payload's SHA-256 and a newline
@@ -41,8 +42,8 @@ def read_checkpoint(path,                # a file written by `write_checkpoint`
                    ) -> dict:
     "Verify the checksum of `path` and load it with `weights_only=True`; a damaged or foreign file is one clear error."
     path = Path(path)
-    try: data = path.read_bytes()
-    except OSError as e: raise CheckpointError(f"cannot read checkpoint {path} ({e.strerror or e})") from None
+    try: data = read_file(path, "choose another --out, or remove the file to start over", MAX_CHECKPOINT_BYTES, what="checkpoint")
+    except FileError as e: raise CheckpointError(str(e)) from None   # a FIFO, a device, a link, a size past the bound
     if not data: raise _damaged(path, "empty")
     head, sep, payload = data.partition(b"\n")
     if not head.startswith(MAGIC) or not sep: raise _damaged(path, "not a dml_book checkpoint")
@@ -59,8 +60,46 @@ def checkpoint_digest(path, # a file written by `write_checkpoint`
     "The SHA-256 (hex) a checkpoint's first line records: its identity, read without loading it."
     path = Path(path)
     try:
-        with open(path, "rb") as f: head = f.read(len(MAGIC) + 65)
-    except OSError as e: raise CheckpointError(f"cannot read checkpoint {path} ({e.strerror or e})") from None
+        with open(open_file(path, "choose another checkpoint", MAX_CHECKPOINT_BYTES, what="checkpoint"), "rb") as f: head = f.read(len(MAGIC) + 65)
+    except (OSError, FileError) as e: raise CheckpointError(str(e)) from None
     digest = head[len(MAGIC):-1]
     if not head.startswith(MAGIC) or head[-1:] != b"\n" or len(digest) != 64: raise _damaged(path, "not a dml_book checkpoint")
     return digest.decode()
+
+# %% ../nbs/08c_checkpoint.ipynb #2f6fece8
+def _part_error(path, field: str, why: str, built: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path}: {field} {why}{built}; it is not a checkpoint of this run: train it again, or restore the run's own file")
+
+def check_state(path, # the checkpoint file, for the messages
+                state: dict, # what `read_checkpoint` returned
+                modules: dict, # {field: the module whose `state_dict` it must fit}
+                fields: dict | None = None, # {field: the type it must have}, e.g. {"epoch": int}
+                built: str = "", # what built the modules, e.g. " (backbone smallcnn, embedding_dim 64)"
+               ) -> dict:
+    "`state`, once every field has its type and every module state fits its module key by key and shape by shape; a `CheckpointError` naming the first that does not."
+    for k, kind in (fields or {}).items():
+        if not isinstance(state.get(k), kind) or (kind is int and isinstance(state.get(k), bool)):
+            raise _part_error(path, k, f"is {'missing' if k not in state else 'a ' + type(state[k]).__name__}, not {kind.__name__}", "")
+    for part, module in modules.items():
+        got, own = state.get(part), module.state_dict()
+        if not isinstance(got, dict): raise _part_error(path, part, "is not a mapping of tensors", "")
+        for k, v in own.items():
+            if k not in got: raise _part_error(path, f"{part}.{k}", "is missing, though the network has it", built)
+            w = got[k]
+            if torch.is_tensor(v) != torch.is_tensor(w): raise _part_error(path, f"{part}.{k}", f"is a {type(w).__name__} where the network has a {type(v).__name__}", built)
+            if torch.is_tensor(v) and (tuple(w.shape) != tuple(v.shape) or w.is_floating_point() != v.is_floating_point()):
+                raise _part_error(path, f"{part}.{k}", f"has shape {list(w.shape)} ({w.dtype}) where the network has {list(v.shape)} ({v.dtype})", built)
+        extra = [k for k in got if k not in own]
+        if extra: raise _part_error(path, f"{part}.{extra[0]}", f"is not in the network ({len(extra)} such key(s))", built)
+    return state
+
+# %% ../nbs/08c_checkpoint.ipynb #40c74a49
+def load_states(path, # the checkpoint file, for the messages
+                state: dict, # a `check_state`d checkpoint
+                modules: dict, # {field: the module to restore from it}
+               ):
+    "`load_state_dict` of each module; a module that still refuses its state (a method's extra state of another form) is one `CheckpointError`."
+    for part, module in modules.items():
+        try: module.load_state_dict(state[part])
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
+            raise _part_error(path, part, f"cannot be restored ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})", "") from None

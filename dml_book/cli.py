@@ -109,12 +109,12 @@ def _add_run_commands(sub):
     ix.add_argument("--force", action="store_true", help="replace an index of another run (or other files) in --out")
     ix.add_argument("--approximate", choices=[k for k in get_args(IndexKind) if k != "flat"], default=None, help="an approximate index for large galleries (default: exact)")
     ix.add_argument("--metric", choices=get_args(IndexMetric), default="l2", help="Euclidean distance or inner product (default: l2)")
-    ix.add_argument("--nlist", type=int, default=1024, help="IVF: k-means cells (default: 1024, at most one per 39 images)")
-    ix.add_argument("--nprobe", type=int, default=16, help="IVF: cells visited per query (default: 16)")
-    ix.add_argument("--hnsw-m", type=int, default=32, help="HNSW: links per vector (default: 32)")
+    ix.add_argument("--nlist", type=_in_range(1, 1 << 20), default=1024, help="IVF: k-means cells (default: 1024, at most one per 39 images)")
+    ix.add_argument("--nprobe", type=_in_range(1, 1 << 20), default=16, help="IVF: cells visited per query (default: 16)")
+    ix.add_argument("--hnsw-m", type=_in_range(1, 1024), default=32, help="HNSW: links per vector (default: 32)")
     for p in (em, ix):
         p.add_argument("--checkpoint", **ckpt); p.add_argument("--device", **dev)
-        p.add_argument("--batch-size", type=int, default=256, help="images per forward pass (default: 256)")
+        p.add_argument("--batch-size", type=_in_range(1, 1 << 16), default=256, help="images per forward pass (default: 256)")
     se = sub.add_parser("search", help="the nearest gallery images of query images, with an index from `dml-book index`")
     se.add_argument("index_dir", help="an index folder written by `dml-book index`")
     se.add_argument("queries", nargs="+", help="query image files and folders")
@@ -129,6 +129,15 @@ def _add_run_commands(sub):
 def _positive(s: str) -> int:
     if not s.isdigit() or int(s) < 1: raise argparse.ArgumentTypeError(f"must be a positive integer, not {s!r}")
     return int(s)
+
+def _in_range(lo: int, hi: int):
+    "A converter to an integer from `lo` to `hi`: a value faiss would abort the process on (HNSW with 0 links) never reaches it."
+    def convert(s: str) -> int:
+        try: v = int(s)
+        except ValueError: raise argparse.ArgumentTypeError(f"not an integer: {quote(s)}") from None
+        if not lo <= v <= hi: raise argparse.ArgumentTypeError(f"must be an integer from {lo} to {hi}, not {v}")
+        return v
+    return convert
 
 LISTS = ("datasets", "losses", "miners", "methods", "presets", "backbones", "transforms")
 

@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/config.html.md"""
 
 # %% ../nbs/08d_config.ipynb #db78615c
 from __future__ import annotations
-import inspect, math, sys
+import inspect, math, os, sys
 from dataclasses import fields, replace
 from typing import Literal, get_args, get_origin
 import torch
@@ -18,7 +18,8 @@ from .data.core import Decoder, EvalProtocol
 __all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'FIELD_CHECKS', 'MAX_VALUES', 'MAX_DEPTH', 'positive_int',
            'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict', 'recall_ks', 'words',
            'one_of', 'bounded', 'check_fields', 'check_device', 'annotation_check', 'check_kwargs', 'check_own_loss',
-           'trial_loss', 'loss_tuples', 'tuple_losses', 'check_pretraining', 'check_config']
+           'check_dataset_kwargs', 'trial_loss', 'loss_tuples', 'tuple_losses', 'check_batch_plan', 'check_pretraining',
+           'check_config']
 
 # %% ../nbs/08d_config.ipynb #7ae02c2d
 from .registry import ConfigError   # one class for every configuration error (the data layer raises it too)
@@ -75,7 +76,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "dataset_kwargs": (is_dict, "a mapping of constructor arguments"),
     "transform": (optional(is_str), "the name of an image pipeline or None"),
     "backbone": (is_str, "a backbone name"),
-    "embedding_dim": (positive_int, "a positive integer"),
+    "embedding_dim": (lambda v: positive_int(v) and v <= 1 << 16, "a positive integer, at most 65536"),
     "head": one_of(Head),
     "last_stride": (lambda v: v in (1, 2) and _int(v), "1 or 2"),
     "freeze_bn": (is_bool, "true or false"),
@@ -120,6 +121,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "precision": one_of(Precision),
     "progress": (is_bool, "true or false"),
     "umap": (is_bool, "true or false"),
+    "allow_collapse": (is_bool, "true or false"),
 }
 
 # %% ../nbs/08d_config.ipynb #3fc809d5
@@ -228,6 +230,24 @@ def check_own_loss(cfg, # the `TrainConfig` to check
     if given: raise ConfigError(f"method {cfg.method!r} trains with its own {method.own_loss}; "
                                 f"{', '.join(given)} would be ignored: leave them unset")
 
+# %% ../nbs/08d_config.ipynb #eab12846
+def check_dataset_kwargs(name: str, # the registered dataset name
+                         cls, # its class
+                         kwargs: dict, # the configured dataset_kwargs
+                        ):
+    "Refuse (`ConfigError`) a dataset argument the class does not take, of another type than its annotation, or outside its `kwarg_bounds`."
+    sig = inspect.signature(cls)
+    accepted = [p for p in sig.parameters if p not in ("root", "split", "transform")]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown: raise ConfigError(f"dataset {name!r} does not take dataset_kwargs {kwargs}; it accepts: {', '.join(accepted) or 'none'}")
+    namespace = vars(sys.modules.get(getattr(cls, "__module__", None)) or sys)
+    for k, v in kwargs.items():
+        check = annotation_check(sig.parameters[k].annotation, namespace)
+        if check and not check[0](v): raise ConfigError(f"dataset_kwargs {k}={quote(v)}: dataset {name!r} expects {check[1]}")
+        lo, hi = getattr(cls, "kwarg_bounds", {}).get(k, (None, None))
+        if lo is not None and v is not None and not lo <= v <= hi:
+            raise ConfigError(f"dataset_kwargs {k}={quote(v)}: dataset {name!r} takes {k} from {lo} to {hi}")
+
 # %% ../nbs/08d_config.ipynb #e06ac21b
 def trial_loss(cfg, # the `TrainConfig`
               ):
@@ -249,6 +269,28 @@ def tuple_losses(cfg, # the `TrainConfig` (its embedding size)
     "The registered losses, with their default arguments, whose tuples are of `kinds`."
     from dml_book.registry import LOSSES
     return [n for n in LOSSES.names() if loss_tuples(replace(cfg, loss=n, loss_kwargs={})) in kinds]
+
+# %% ../nbs/08d_config.ipynb #bac8249e
+def check_batch_plan(cfg, # the `TrainConfig`: loss, batch_size, m_per_class
+                     method=None, # the method: one that draws its own batches (its `batch_sampler`) is not judged here
+                    ) -> None:
+    "Refuse (`ConfigError`) class-balanced batches in which the configured loss finds no positive pair or no negative."
+    from dml_book.methods.base import Method
+    if method is not None and type(method).batch_sampler is not Method.batch_sampler: return
+    if cfg.batch_size % cfg.m_per_class: return   # the sampler refuses it with its own message
+    classes = cfg.batch_size // cfg.m_per_class * int(os.environ.get("WORLD_SIZE", 1))   # torchrun gathers every process's batch
+    labels = torch.arange(classes).repeat_interleave(cfg.m_per_class)
+    z = torch.nn.functional.normalize(torch.randn(len(labels), cfg.embedding_dim, generator=torch.Generator().manual_seed(0)), dim=1)
+    from dml_book.registry import LOSSES
+    filled = dict(num_classes=classes, embedding_size=cfg.embedding_dim, normalize=False)   # a proxy or a margin for each class of the batch
+    t = check_kwargs("loss", cfg.loss, LOSSES.get(cfg.loss), cfg.loss_kwargs, filled).compute(z, labels, None).indices_tuple
+    if len(t) == 1: return   # proxies, single items: every image teaches
+    parts = (("positive", t[0]), ("negative", t[2])) if len(t) == 4 else (("positive" if cfg.m_per_class == 1 else "negative", t[0]),)
+    empty = [w for w, part in parts if len(part) == 0]   # a triplet needs both: the plan says which one is missing
+    if empty:
+        fix = "set --m-per-class 2 or more" if cfg.m_per_class == 1 else "set --batch-size to at least twice --m-per-class"
+        raise ConfigError(f"batch_size={cfg.batch_size} with m_per_class={cfg.m_per_class} makes batches of {classes} class(es) x "
+                          f"{cfg.m_per_class} image(s): the {cfg.loss} loss finds no {empty[0]} in them and would not learn; {fix}")
 
 # %% ../nbs/08d_config.ipynb #bf5de40a
 def check_pretraining(cfg, # the `TrainConfig` to check
@@ -276,6 +318,7 @@ def check_config(cfg, # the `TrainConfig` to check
     if cfg.pretrained and cfg.backbone == "smallcnn": raise ConfigError("pretrained=True: the smallcnn backbone has no pretrained weights")
     check_pretraining(cfg)
     ds = DATASETS.get(cfg.dataset)
+    check_dataset_kwargs(cfg.dataset, ds, cfg.dataset_kwargs)
     check_choice("evaluation protocol", getattr(ds, "protocol", None), get_args(EvalProtocol), ConfigError, owner=f"dataset {cfg.dataset!r}")
     root = inspect.signature(ds).parameters.get("root")
     if cfg.data_root is None and root is not None and root.default is inspect.Parameter.empty:
@@ -284,7 +327,7 @@ def check_config(cfg, # the `TrainConfig` to check
     built = check_kwargs("method", cfg.method, METHODS.get(cfg.method), cfg.method_kwargs)
     method, name = (built, cfg.method) if method is None else (method, type(method).__name__)
     if getattr(method, "own_loss", None): check_own_loss(cfg, method)
-    else: trial_loss(cfg)
+    else: trial_loss(cfg); check_batch_plan(cfg, method)
     if cfg.miner: check_kwargs("miner", cfg.miner, MINERS.get(cfg.miner), cfg.miner_kwargs, dict(normalize=False))
     elif cfg.miner_kwargs: raise ConfigError(f"miner_kwargs {cfg.miner_kwargs} given without a miner")
     try: method.check(cfg)

@@ -11,18 +11,27 @@ from pathlib import Path
 from typing import Literal, get_args
 import numpy as np
 from .inference import load_run, embed, image_files, open_image, CheckpointName, checkpoint_file
-from .registry import check_choice, quote, IndexKind, IndexMetric
+from .registry import ConfigError, check_choice, quote, IndexKind, IndexMetric
 from .checkpoint import checkpoint_digest
 from .files import (FileError, MANIFEST, write_folder, read_folder, read_bytes, check_schema, check_folder,
                             bounded_memory)
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['KINDS', 'METRICS', 'INDEX_FILES', 'MAX_DIM', 'INDEX_SCHEMA', 'Index', 'check_index_out', 'index_images',
-           'check_index_model', 'search_images', 'plot_search']
+__all__ = ['KINDS', 'METRICS', 'INDEX_BOUNDS', 'INDEX_FILES', 'MAX_DIM', 'INDEX_SCHEMA', 'check_index_settings', 'Index',
+           'check_index_out', 'index_images', 'check_index_model', 'search_images', 'plot_search']
 
 # %% ../nbs/12a_nn_index.ipynb #41e70925
 KINDS, METRICS = get_args(IndexKind), get_args(IndexMetric)
+
+INDEX_BOUNDS = dict(dim=(1, 1 << 16), nlist=(1, 1 << 20), nprobe=(1, 1 << 20), hnsw_m=(1, 1024))   # what an index may be built with
+
+def check_index_settings(**settings):
+    "Refuse (`ConfigError`) a setting outside `INDEX_BOUNDS`: faiss aborts the whole process on an HNSW of 0 links, and refuses 0 cells only at search."
+    for k, v in settings.items():
+        lo, hi = INDEX_BOUNDS[k]
+        if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+            raise ConfigError(f"index {k}={quote(v)} is invalid: expected an integer from {lo} to {hi}")
 
 def _faiss_index(dim: int, metric: IndexMetric, kind: IndexKind, nlist: int, hnsw_m: int):
     "An empty faiss index of the given kind and metric."
@@ -45,6 +54,7 @@ class Index:
                  nprobe: int = 16, # IVF: cells visited per query
                  hnsw_m: int = 32, # HNSW: links per vector
                  run: dict|None = None): # where the embeddings come from: {"dir": run folder, "checkpoint": "best"|"last", "sha256": its checksum}
+        check_index_settings(dim=dim, nlist=nlist, nprobe=nprobe, hnsw_m=hnsw_m)   # before faiss: it aborts the process on some
         self.dim, self.metric, self.kind, self.nlist, self.nprobe, self.hnsw_m = dim, metric, kind, nlist, nprobe, hnsw_m
         self.run, self.paths = run, []
         self.index = None if kind == "ivf" else _faiss_index(dim, metric, kind, nlist, hnsw_m)   # IVF: built when trained
@@ -81,7 +91,8 @@ def build(cls: Index,
          ) -> Index:
     "An index of `embeddings` (rows) and their `paths`; `kwargs` as for `Index`."
     x = np.asarray(embeddings)
-    return cls(x.shape[1] if x.ndim == 2 else 0, **kwargs).add(x, paths)
+    if x.ndim != 2: raise ValueError(f"expected embeddings of shape (n, dim), got {x.shape}")
+    return cls(x.shape[1], **kwargs).add(x, paths)
 
 # %% ../nbs/12a_nn_index.ipynb #f8463d19
 @patch

@@ -7,36 +7,41 @@ Docs: https://dml-book.github.io/dml_book/inference.html.md"""
 # %% ../nbs/12_inference.ipynb #efe50a97
 from __future__ import annotations
 import io, json, math
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Literal, get_args
 import numpy as np, torch
 from torch import nn
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from .registry import DATASETS, check_choice, quote, CheckpointName
 from .data.core import build_split, preprocessing_spec, check_evaluation, RUN_RECORD, dataset_protocol
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
 from .files import FileError, read_json, check_output, check_folder, write_bytes, write_text
+from .checkpoint import load_states
 
 
 # %% auto #0
-__all__ = ['METRICS_SCHEMA', 'MAX_SIDE', 'INTERPOLATIONS', 'PREPROCESSING_SCHEMA', 'IMAGE_SUFFIXES', 'EMBEDDING_SUFFIXES',
-           'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel', 'serving_config',
-           'read_preprocessing', 'load_run', 'image_files', 'embed', 'evaluate_run', 'run_progress',
-           'check_embeddings_out', 'save_embeddings']
+__all__ = ['METRICS_SCHEMA', 'MAX_SIDE', 'INTERPOLATIONS', 'PREPROCESSING_SCHEMA', 'MODEL_FIELDS', 'IMAGE_SUFFIXES',
+           'EMBEDDING_SUFFIXES', 'open_image', 'Preprocess', 'checkpoint_file', 'run_config', 'RunModel',
+           'serving_config', 'read_preprocessing', 'check_run_state', 'check_channels', 'load_run', 'image_files',
+           'embed', 'evaluate_run', 'recorded_paths_only', 'run_progress', 'check_embeddings_out', 'save_embeddings']
 
 # %% ../nbs/12_inference.ipynb #7a11afbb
 def open_image(path, # an image file
                mode: str = "RGB", # PIL mode to convert to
               ) -> Image.Image:
     "The image at `path`, fully decoded, in colour `mode`; a one-line error naming the file otherwise."
+    from dml_book.reads import read_file, MAX_IMAGE_BYTES
+    try: data = read_file(path, "name image files", MAX_IMAGE_BYTES, follow=True, what="image")   # a FIFO or a device: refused, never waited on
+    except FileError as e: raise FileError(f"cannot read image {path}: {e}") from None
     try:
-        with Image.open(path) as im:
+        with Image.open(io.BytesIO(data)) as im:
             im.load()
             if im.mode == "P" and "transparency" in im.info: im = im.convert("RGBA")
             return im.convert(mode)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise ConfigError(f"cannot read image {path}: {e}") from None
+        why = "not an image format PIL reads" if isinstance(e, UnidentifiedImageError) else e
+        raise ConfigError(f"cannot read image {path}: {why}") from None
 
 # %% ../nbs/12_inference.ipynb #db6a3d1b
 class Preprocess:
@@ -161,6 +166,38 @@ def read_preprocessing(run_dir, # a training run's output folder
                                f"{quote(configured[differ[0]])} configured); {fix}")
     return {k: spec[k] for k in PREPROCESSING_SCHEMA}
 
+# %% ../nbs/12_inference.ipynb #5f2d74ac
+MODEL_FIELDS = ("backbone", "embedding_dim", "head", "last_stride", "normalize", "freeze_bn", "method", "method_kwargs",
+                "dataset", "dataset_kwargs", "transform")   # what the network and its preprocessing are built from
+
+def check_run_state(run: Path, # the run folder
+                    path: Path, # its checkpoint being loaded
+                    state: dict, # what `read_checkpoint` returned
+                    cfg: TrainConfig, # the configuration `run_config` read (metrics.json's)
+                    trainer: Trainer, # the trainer `cfg` built for serving
+                   ):
+    "Refuse a checkpoint whose recorded configuration, keys, types or shapes disagree with the run's configuration: one line naming file and field."
+    from dml_book.checkpoint import check_state
+    fix = "the run folder mixes files of two runs: train it again, or restore its own files"
+    mine = asdict(cfg)
+    if isinstance(state.get("config"), dict) and (run/"metrics.json").exists():
+        for k in MODEL_FIELDS:
+            if k in state["config"] and json.dumps(state["config"][k], sort_keys=True) != json.dumps(mine[k], sort_keys=True):
+                raise FileError(f"{run/'metrics.json'}: config.{k}={quote(mine[k])}, but {path} was trained with {k}={quote(state['config'][k])}; {fix}")
+    check_state(path, state, {"model": trainer.model, "method": trainer.method},
+                built=f" (as the run's configuration builds it: backbone {cfg.backbone}, embedding_dim {cfg.embedding_dim})")
+
+# %% ../nbs/12_inference.ipynb #321f0a73
+def check_channels(run: Path, # the run folder
+                   spec: dict, # its preprocessing (`read_preprocessing`)
+                   trainer: Trainer, # the trainer built for serving
+                  ):
+    "Refuse a preprocessing whose colour mode gives another number of channels than the network takes (`data.json`'s image shape)."
+    want, mode = trainer.train_ds[0][0].shape[0], spec["mode"]
+    if (1 if mode == "L" else 3) != want:
+        raise FileError(f"{run/'preprocessing.json'}: mode={mode} makes {1 if mode == 'L' else 3}-channel images, but the run's network "
+                        f"takes {want} channel(s) ({run/RUN_RECORD}); the run folder mixes files of two runs: train it again")
+
 # %% ../nbs/12_inference.ipynb #086ef2e3
 def load_run(run_dir, # a training run's output folder
              checkpoint: CheckpointName = "best", # best.pt (when a validation split chose one, else the last) or the last
@@ -171,8 +208,10 @@ def load_run(run_dir, # a training run's output folder
     path = checkpoint_file(run, checkpoint)
     trainer = Trainer(serving_config(cfg, run, device))
     state = _read_checkpoint(path, map_location=trainer.device)
-    trainer.model.load_state_dict(state["model"]); trainer.method.load_state_dict(state["method"])
-    return RunModel(trainer), Preprocess(read_preprocessing(run, cfg)), cfg
+    check_run_state(run, path, state, cfg, trainer)   # the run folder as a whole, before anything is loaded
+    load_states(path, state, {"model": trainer.model, "method": trainer.method})
+    spec = read_preprocessing(run, cfg); check_channels(run, spec, trainer)
+    return RunModel(trainer), Preprocess(spec), cfg
 
 # %% ../nbs/12_inference.ipynb #b50cc619
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -225,11 +264,26 @@ def evaluate_run(run_dir, # a training run's output folder
     other = replace(cfg, dataset=dataset or cfg.dataset, data_root=data_root if data_root is not None else cfg.data_root,
                     dataset_kwargs=dataset_kwargs if dataset_kwargs is not None else ({} if dataset else cfg.dataset_kwargs),
                     device=device, progress=False)
+    other = recorded_paths_only(other, data_root, dataset_kwargs)
+    from dml_book.config import check_dataset_kwargs
+    check_dataset_kwargs(other.dataset, DATASETS.get(other.dataset), other.dataset_kwargs)   # before any data is read
     tr.cfg, tr.protocol = other, dataset_protocol(other)   # the evaluation's data and loader settings
     if tr.protocol == "reid": tr.query_ds, tr.gallery_ds = (build_split(other, s, False) for s in ("query", "gallery"))
     else: tr.test_ds = build_split(other, "test", False)
     check_evaluation(None, {"query": tr.query_ds, "gallery": tr.gallery_ds} if tr.protocol == "reid" else {"test": tr.test_ds})
+    gallery = len(tr.gallery_ds) if tr.protocol == "reid" else len(tr.test_ds) - 1
+    if max(other.ks) > gallery: raise ConfigError(f"the run's ks={tuple(other.ks)}: Recall@{max(other.ks)} needs a gallery of at least {max(other.ks)} items; this one has {gallery}")
     return tr.evaluate()
+
+# %% ../nbs/12_inference.ipynb #88f3806a
+def recorded_paths_only(cfg: TrainConfig, # the evaluation's configuration, partly read from the run's metrics.json
+                        data_root=None, # --data-root as the user gave it (None: the run's)
+                        dataset_kwargs=None, # --dataset-kwargs as the user gave them (None: the run's)
+                       ) -> TrainConfig:
+    "`cfg` without what the run's JSON alone would make evaluation write: no download, no cache folder of its choosing."
+    if dataset_kwargs is None and cfg.dataset_kwargs.get("download"): cfg = replace(cfg, dataset_kwargs={**cfg.dataset_kwargs, "download": False})
+    in_memory = cfg.dataset in DATASETS and DATASETS.get(cfg.dataset).default_transform(False) is None
+    return replace(cfg, data_root=None) if data_root is None and in_memory else cfg
 
 # %% ../nbs/12_inference.ipynb #b437bbef
 def run_progress(run_dir, # a training run's output folder

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal, get_args
 import torch, torch.nn as nn, torch.nn.functional as F
 from .registry import check_choice
+from .reads import read_file, MAX_CHECKPOINT_BYTES
 
 # %% auto #0
 __all__ = ['BACKBONES', 'Head', 'EmbeddingHead', 'EmbeddingNet', 'SmallCNN', 'PretrainedWeightsUnavailable',
@@ -82,6 +83,11 @@ def _weights_error(name, err):
         f"{Path(torch.hub.get_dir())/'checkpoints'}")
 
 # %% ../nbs/07_models.ipynb #f355b828
+def _weights_bytes(p: Path):
+    "A weights file's bytes as a file object: a regular file of at most `MAX_CHECKPOINT_BYTES` (`dml_book.reads`), a FIFO refused at once."
+    import io
+    return io.BytesIO(read_file(p, "name a weights file saved by torch.save", MAX_CHECKPOINT_BYTES, follow=True, what="weights file"))
+
 def _remove_last_downsampling(model: nn.Module, name: str):
     "Stride 1 in the first block of a ResNet's last stage (`layer4`): twice the feature map's height and width."
     if not hasattr(model, "layer4"): raise ValueError(f"last_stride=1 applies to ResNet backbones, not {name}")
@@ -107,7 +113,8 @@ def torchvision_backbone(name: str, # a key of BACKBONES
     if weights_path:
         p = Path(weights_path)
         if not p.is_file(): raise FileNotFoundError(f"weights file {p} does not exist")
-        state = {k: v for k, v in torch.load(p, map_location="cpu", weights_only=True).items() if not k.startswith(("fc.", "aux"))}
+        state = torch.load(_weights_bytes(p), map_location="cpu", weights_only=True)
+        state = {k: v for k, v in state.items() if not k.startswith(("fc.", "aux"))}
         model.load_state_dict(state, strict=False)
     if last_stride == 1: _remove_last_downsampling(model, name)
     model.fc = nn.Identity()
@@ -136,7 +143,8 @@ def load_weights(module: nn.Module, # the backbone to load into
     "`module` with the state dict of `weights_path`, every key and shape checked first (a one-line error otherwise)."
     p = Path(weights_path)
     if not p.is_file(): raise FileNotFoundError(f"weights file {p} does not exist")
-    try: state = torch.load(p, map_location="cpu", weights_only=True)
+    data = _weights_bytes(p)   # outside the try: a FIFO, a device or an oversized file is its own one-line error
+    try: state = torch.load(data, map_location="cpu", weights_only=True)
     except Exception as e: raise ValueError(f"weights file {p} is not a saved state dict ({type(e).__name__})") from None
     if not isinstance(state, dict): raise ValueError(f"weights file {p} holds a {type(state).__name__}, not a state dict")
     own = module.state_dict()

@@ -19,7 +19,7 @@ from .data.core import (LabelledSubset, build_split, preprocessing_spec, Decoder
 from .models import build_model, Head
 from .methods.base import Method, batch_loss_output
 from .samplers import ClassBalancedBatchSampler
-from .checkpoint import write_checkpoint, read_checkpoint
+from .checkpoint import write_checkpoint, read_checkpoint, check_state
 from .files import FileError, to_json, write_json, write_text, append_line, open_lock, check_folder, refuse_links
 from .config import ConfigError, check_config, check_own_loss, OptimizerName, LRSchedule, LRStepPer, Precision
 from .losses.base import NonFiniteError
@@ -29,7 +29,8 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
 # %% auto #0
 __all__ = ['RUN_FILES', 'TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'schedule_factor',
            'build_scheduler', 'Trainer', 'resolve_workers', 'channels_last_collate', 'bf16_units', 'resolve_precision',
-           'precision_view', 'TrainingDiverged', 'environment', 'select_epoch', 'lock_out', 'train']
+           'precision_view', 'TrainingDiverged', 'TrainingCollapsed', 'environment', 'select_epoch', 'lock_out',
+           'train']
 
 # %% ../nbs/08_train.ipynb #a4fa698a
 @dataclass
@@ -85,6 +86,7 @@ class TrainConfig:
     precision: Precision = "fp32"    # the forward pass under torch.autocast (fp16 with a gradient scaler); losses stay fp32
     progress: bool = False           # show progress bars
     umap: bool = False               # save a UMAP figure of the final test embedding
+    allow_collapse: bool = False     # go on training when the embedding collapses or the loss stops moving at chance recall (`dml_book.learning`)
 
 # %% ../nbs/08_train.ipynb #806ddefa
 def preset_config(method: str, # a registered method
@@ -497,7 +499,7 @@ def save_checkpoint(self: Trainer):
 
 # %% ../nbs/08_train.ipynb #989b1216
 _RUN_KEYS = ("out", "data_root", "epochs", "device", "num_workers", "progress", "umap", "eval_every",   # may differ on resume
-             "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile")
+             "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile", "allow_collapse")
 
 @patch
 def load_checkpoint(self: Trainer,
@@ -505,11 +507,13 @@ def load_checkpoint(self: Trainer,
                    ):
     "Restore everything `save_checkpoint` wrote; refuse a checkpoint of a different configuration."
     state = read_checkpoint(path, map_location=self.device)
+    check_state(path, state, {}, dict(epoch=int, step=int, config=dict, history=list))   # the fields read below, each of its type
     mine, theirs, default = asdict(self.cfg), state["config"], asdict(TrainConfig())   # a field newer than the checkpoint: its default
     diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k, default[k]))]
     if self.cfg.lr_schedule in ("cosine", "half_exp") and mine["epochs"] != theirs["epochs"]: diff.append("epochs, which sets the length of the lr_schedule")
     if diff: raise ConfigError(f"{path} was written by a different configuration (differs in: {', '.join(diff)}); "
                                f"choose another output folder")
+    check_state(path, state, {"model": self.model, "method": self.method, "loss": self.loss_fn})   # keys and shapes: one line, not a traceback
     self.model.load_state_dict(state["model"]); self.optimizer.load_state_dict(state["optimizer"])
     self.loss_fn.load_state_dict(state["loss"]); self.method.load_state_dict(state["method"])
     if self.scheduler: self.scheduler.load_state_dict(state["scheduler"])
@@ -531,6 +535,24 @@ def diverged(self: Trainer,
     last = f"{losses[-1]:.6g}" if losses else "none this epoch"
     return TrainingDiverged(f"training diverged at epoch {epoch}, step {step}: {why} (last finite loss: {last}); "
                             f"checkpoint.pt still holds epoch {epoch - 1}")
+
+# %% ../nbs/08_train.ipynb #385f4636
+class TrainingCollapsed(TrainingDiverged):
+    "A run whose embedding collapsed or whose loss stopped moving at chance recall; the last epoch's checkpoint is untouched."
+
+@patch
+def check_learning(self: Trainer,
+                   rec: dict, # the epoch's record (`run_epoch`)
+                  ):
+    "Stop the run (`TrainingCollapsed`) when `dml_book.learning.collapse_reason` finds it has stopped learning."
+    from dml_book.learning import collapse_reason
+    if self.cfg.allow_collapse or "R@1" not in rec: return
+    emb, labels = getattr(self, "last_embedding", None) or (None, None)   # the test embedding: on rank 0 under torchrun
+    losses = [r["loss"] for r in self.history if r.get("kind") == "step" and "loss" in r]   # this epoch's steps are logged already
+    why = on_main(self.dist, collapse_reason, losses, emb, labels, rec["R@1"])   # every rank stops, or none
+    if why: raise TrainingCollapsed(f"training stopped learning at epoch {self.epoch}, step {self.step}: {why}; likely a learning rate "
+                                    f"or weight decay too high for the loss, or a batch plan it cannot use; checkpoint.pt still holds epoch {self.epoch - 1}; "
+                                    f"--allow-collapse goes on anyway")
 
 # %% ../nbs/08_train.ipynb #17ab9f62
 @patch
@@ -674,6 +696,7 @@ def fit(self: Trainer) -> dict:
         while self.epoch < cfg.epochs:
             self.epoch += 1
             rec = self.run_epoch()
+            self.check_learning(rec)   # a collapse stops the run before its checkpoint, as a NaN does
             self.log({"epoch": self.epoch, "step": self.step, "kind": "epoch", **rec})
             self.keep_if_best(); self.save_checkpoint()
         self.write_metrics()

@@ -122,6 +122,7 @@ BAD_SETTINGS = {  # field: (command-line flags, a fragment of the one-line error
     "precision": (["--precision", "fp8"], "precision='fp8' is invalid: expected fp32, bf16, fp16 or auto"),
     "progress": (["--config", "{tmp}/p.yaml"], "progress=3 is invalid"),
     "umap": (["--config", "{tmp}/u.yaml"], "umap='no' is invalid"),
+    "allow_collapse": (["--config", "{tmp}/ac.yaml"], "allow_collapse='yes' is invalid"),
 }
 
 
@@ -137,7 +138,7 @@ def test_a_bad_setting_is_one_line_and_exit_2(name, tmp_path, capsys):
     (tmp_path/"c.yaml").write_text("normalize: 'yes'\n"); (tmp_path/"p.yaml").write_text("progress: 3\n")
     (tmp_path/"u.yaml").write_text("umap: 'no'\n"); (tmp_path/"f.yaml").write_text("freeze_bn: 'yes'\n")
     for f, text in (("pin", "pin_memory: 'yes'"), ("pw", "persistent_workers: 2"), ("cl", "channels_last: 'on'"),
-                    ("co", "compile: 'max-autotune'")): (tmp_path/f"{f}.yaml").write_text(text + "\n")
+                    ("co", "compile: 'max-autotune'"), ("ac", "allow_collapse: 'yes'")): (tmp_path/f"{f}.yaml").write_text(text + "\n")
     flags, fragment = BAD_SETTINGS[name]
     out = [] if "--out" in flags else ["--out", str(tmp_path/"run")]
     quiet = [f for f in ("--no-umap", "--no-progress") if f[5:] != name]   # a flag would override the file's bad value

@@ -14,6 +14,7 @@ from matplotlib.ft2font import FT2Font
 from PIL import Image
 from ..registry import DATASETS, check_choice
 from ..files import write_bytes
+from ..reads import read_file, MAX_CACHE_BYTES
 
 # %% auto #0
 __all__ = ['GLYPH_FONTS', 'BuiltinSplit', 'glyph_alphabet', 'font_path', 'render_glyph', 'cache_dir', 'render_glyphs',
@@ -91,8 +92,9 @@ def cached_glyphs(seed: int = 0, # seed of the jitter
     "`render_glyphs` through an on-disk cache in `root` (default `cache_dir()`)."
     key = hashlib.sha1(repr((glyph_alphabet(), GLYPH_FONTS, seed, per_font, size, matplotlib.__version__, 1)).encode())
     path = Path(root or cache_dir())/f"glyphs-{key.hexdigest()[:12]}.npz"
-    if path.exists():
-        with np.load(path) as z: return z["images"], z["labels"]
+    if path.exists():   # a regular file of the cache, bounded, never a pickle
+        data = read_file(path, f"remove it to render the glyphs again", MAX_CACHE_BYTES, root=path.parent, what="cached file")
+        with np.load(io.BytesIO(data), allow_pickle=False) as z: return z["images"], z["labels"]
     images, labels = render_glyphs(seed, per_font, size)
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO(); np.savez_compressed(buf, images=images, labels=labels)
@@ -140,6 +142,7 @@ def _split_classes(n_classes: int, split: BuiltinSplit) -> list[int]:
 @DATASETS.register("glyphs")
 class Glyphs(InMemoryImages):
     "Characters rendered in matplotlib's fonts; first half of the classes train, second half test."
+    kwarg_bounds = dict(seed=(0, 2**63 - 1), per_font=(1, 64), size=(8, 256))   # checked before rendering (`check_dataset_kwargs`)
     def __init__(self, root: str | Path | None = None, # cache folder (default: `cache_dir()`)
                  split: BuiltinSplit = "train", # the first half of the classes, or the second
                  transform=None, # applied to each (1, size, size) float tensor

@@ -6,25 +6,26 @@ Docs: https://dml-book.github.io/dml_book/data.core.html.md"""
 
 # %% ../../nbs/01d_data.core.ipynb #22da15f4
 from __future__ import annotations
-import inspect, json, os
+import inspect, io, json, os
 from collections import defaultdict
 from pathlib import Path
 from typing import Literal
 import numpy as np
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 import torch
 from torch.utils.data import Dataset
 from ..registry import DATASETS, ConfigError, check_choice, quote
 from ..files import FileError, read_json, write_json
+from ..reads import read_file, check_entries, MAX_IMAGE_BYTES
 from .download import Archive, fetch_archives
 from .transforms import get_transform
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['Decoder', 'DECODERS', 'EvalProtocol', 'RUN_RECORD', 'RUN_RECORD_SCHEMA', 'DatasetNotFoundError', 'ImageReadError',
-           'load_image', 'check_pixels', 'load_tensor', 'find_root', 'check_files', 'inside', 'ImageFileDataset',
-           'LabelledSubset', 'build_split', 'dataset_protocol', 'check_evaluation', 'preprocessing_spec',
-           'record_training_split', 'RunRecord']
+           'image_bytes', 'load_image', 'check_pixels', 'load_tensor', 'find_root', 'check_files', 'inside',
+           'ImageFileDataset', 'LabelledSubset', 'build_split', 'dataset_protocol', 'check_evaluation',
+           'preprocessing_spec', 'record_training_split', 'RunRecord']
 
 # %% ../../nbs/01d_data.core.ipynb #87877b07
 class DatasetNotFoundError(FileNotFoundError):
@@ -33,43 +34,56 @@ class DatasetNotFoundError(FileNotFoundError):
 class ImageReadError(OSError):
     "An image file that is missing, unreadable or corrupt; the message names the file."
 
-def load_image(path, # an image file
-              ) -> Image.Image:
-    "Open, fully decode and convert to RGB the image at `path`; `ImageReadError` naming `path` otherwise."
+def image_bytes(path, # an image file
+               ) -> io.BytesIO:
+    "The bytes of the regular file `path` (at most `MAX_IMAGE_BYTES`, a FIFO refused without waiting), named `path`; `ImageReadError` otherwise."
+    try: buf = io.BytesIO(read_file(path, "remove it from the dataset, or replace it by the image", MAX_IMAGE_BYTES, follow=True, what="image"))
+    except FileError as e: raise ImageReadError(f"cannot read image {path}: {e}") from None
+    buf.name = str(path)
+    return buf
+
+def _pil_decode(buf: io.BytesIO) -> Image.Image:
+    buf.seek(0)
     try:
-        with Image.open(path) as im:
+        with Image.open(buf) as im:
             im.load()                                   # decode now: a truncated JPEG fails here, not later
             return im.convert("RGB")
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise ImageReadError(f"cannot read image {path}: {e}") from e
+        why = "not an image format PIL reads" if isinstance(e, UnidentifiedImageError) else e
+        raise ImageReadError(f"cannot read image {buf.name}: {why}") from e
+
+def load_image(path, # an image file
+              ) -> Image.Image:
+    "Read (`image_bytes`), fully decode and convert to RGB the image at `path`; `ImageReadError` naming `path` otherwise."
+    return _pil_decode(image_bytes(path))
 
 # %% ../../nbs/01d_data.core.ipynb #26d00576
-def check_pixels(path, # an image file
+def check_pixels(path, # an image file, or its bytes (`image_bytes`)
                 ):
     "Apply PIL's decompression-bomb limit to `path` from its header alone; `ImageReadError` naming it above the limit."
+    if isinstance(path, io.BytesIO): path.seek(0)
     try:
         with Image.open(path): pass   # reads the header; DecompressionBombError above 2 x Image.MAX_IMAGE_PIXELS
-    except Image.DecompressionBombError as e: raise ImageReadError(f"cannot read image {path}: {e}") from None
+    except Image.DecompressionBombError as e: raise ImageReadError(f"cannot read image {getattr(path, 'name', path)}: {e}") from None
     except (OSError, SyntaxError, ValueError): pass   # not a file PIL identifies: the decoder decides
 
 # %% ../../nbs/01d_data.core.ipynb #b4d0f8a2
-def _torchvision_decode(path) -> torch.Tensor | None:
-    "uint8 RGB (3, H, W) pixels by `torchvision.io`, or None where it cannot read the file as PIL would."
+def _torchvision_decode(buf: io.BytesIO) -> torch.Tensor | None:
+    "uint8 RGB (3, H, W) pixels of an image's bytes by `torchvision.io`, or None where it cannot read them as PIL would."
     import warnings
-    from torchvision.io import decode_image, read_file, ImageReadMode
+    from torchvision.io import decode_image, ImageReadMode
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)   # torchvision 0.29: the decoders move to TorchCodec
-        try: t = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
+        try: t = decode_image(torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8), mode=ImageReadMode.RGB)
         except RuntimeError: return None        # BMP, TIFF, corrupt data ...: PIL decides
     return t if t.dtype == torch.uint8 and t.dim() == 3 else None   # 16-bit PNG, animated GIF: PIL's reading
 
 def load_tensor(path, # an image file
                ) -> torch.Tensor:
     "The image at `path` as uint8 RGB (3, H, W), decoded by `torchvision.io` where it can; `ImageReadError` naming `path` otherwise."
-    if not Path(path).is_file(): return _pil_to_tensor(load_image(path))   # the ImageReadError of a missing file
-    check_pixels(path)
-    t = _torchvision_decode(path)
-    return t if t is not None else _pil_to_tensor(load_image(path))
+    buf = image_bytes(path); check_pixels(buf)   # read once, through the checks of `dml_book.reads`
+    t = _torchvision_decode(buf)
+    return t if t is not None else _pil_to_tensor(_pil_decode(buf))
 
 def _pil_to_tensor(im: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.array(im)).permute(2, 0, 1).contiguous()   # a copy: PIL's buffer is read-only
@@ -94,14 +108,16 @@ def find_root(root, # the folder given by the user
 def check_files(paths: list[Path], # image files an index lists
                 index: str, # the index file that lists them
                 layout: str, # the expected layout, quoted in the error
+                root=None, # the dataset folder: each file, links resolved, must be a regular file inside it (`check_entries`)
                ):
-    "Raise `DatasetNotFoundError` naming the first of `paths` (listed in `index`) that does not exist."
-    by_dir = defaultdict(list)
-    for p in paths: by_dir[p.parent].append(p.name)
-    missing = []
-    for d, names in by_dir.items():
-        present = set(os.listdir(d)) if d.is_dir() else set()
-        missing += [d/n for n in names if n not in present]
+    "Raise `DatasetNotFoundError` naming the first of `paths` (listed in `index`) that does not exist; a `FileError` for one outside `root` or not a regular file."
+    if root is not None: missing = check_entries(paths, root, index, "fix the list, or the dataset folder")
+    else:
+        by_dir, missing = defaultdict(list), []
+        for p in paths: by_dir[p.parent].append(p.name)
+        for d, names in by_dir.items():
+            present = set(os.listdir(d)) if d.is_dir() else set()
+            missing += [d/n for n in names if n not in present]
     if missing:
         raise DatasetNotFoundError(f"expected {missing[0]} (listed in {index}), which is missing: the dataset is "
                                    f"incomplete ({len(missing)} of {len(paths)} images missing); the layout is:\n{layout}")
@@ -175,7 +191,7 @@ def read_checked(self: ImageFileDataset,
     "`read_index`, then a check that the split has images and that all of them are on disk."
     paths, keys, names = self.read_index(self.root, split)
     if not paths: raise DatasetNotFoundError(f"{self.root} holds no images for split {split!r}; the layout is:\n{self.layout}")
-    check_files(paths, self.index, self.layout)
+    check_files(paths, self.index, self.layout, self.root)
     return paths, keys, names
 
 # %% ../../nbs/01d_data.core.ipynb #b2174b41
@@ -253,7 +269,10 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
         raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
     if transform is not None and (cfg.transform is not None or tensor):   # a named pipeline, or the tensor version of the dataset's
         transform = get_transform(cfg.transform or cls.transform_preset, train, tensor=tensor)
-    ds = cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
+    try: ds = cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
+    except ValueError as e:   # a dataset's own refusal of its arguments (a ConfigError already says what it refuses)
+        if isinstance(e, ConfigError): raise
+        raise ConfigError(f"dataset {cfg.dataset!r} with dataset_kwargs {quote(cfg.dataset_kwargs)}: {e}") from None
     if transform is not None and tensor: ds.decoder = "torchvision"   # built-in data: nothing to decode
     return ds
 
@@ -344,8 +363,9 @@ RUN_RECORD_SCHEMA = {   # how `data.json` is read back (`dml_book.files.read_jso
     "version": (lambda v: v == 1, "1"),
     "labels": (lambda v: isinstance(v, list) and len(v) > 0 and all(map(_count, v)), "a non-empty list of class indices"),
     "class_names": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(n, str) for n in v), "a non-empty list of names"),
-    "shape": (lambda v: isinstance(v, list) and len(v) == 3 and all(_count(x) and 1 <= x <= 1 << 16 for x in v), "[channels, height, width]"),
-    "eval_size": (_count, "a non-negative integer")}
+    "shape": (lambda v: isinstance(v, list) and len(v) == 3 and all(map(_count, v)) and v[0] in (1, 3) and all(1 <= x <= 8192 for x in v[1:]),
+              "[channels, height, width]: 1 or 3 channels, sides of 1 to 8192 pixels"),
+    "eval_size": (lambda v: _count(v) and v <= 1 << 24, "a number of test items, at most 2**24")}
 
 @DATASETS.register("_run")
 class RunRecord(Dataset):
@@ -361,6 +381,8 @@ class RunRecord(Dataset):
                         max_bytes=256 << 20)
         if max(rec["labels"]) >= len(rec["class_names"]):
             raise FileError(f"{path}: a label has no class name ({len(rec['class_names'])} names); train the run again to rewrite it")
+        if len(rec["class_names"]) > len(rec["labels"]):   # a class without an image: sizes (a proxy per class) asked for nothing
+            raise FileError(f"{path}: class_names lists {len(rec['class_names'])} classes for {len(rec['labels'])} labels; train the run again to rewrite it")
         self.shape, train = tuple(rec["shape"]), split == "train"
         self.labels = np.asarray(rec["labels"] if train else np.zeros(rec["eval_size"]), dtype=np.int64)
         self.class_names = rec["class_names"] if train else ["blank"]

@@ -6,14 +6,15 @@ Docs: https://dml-book.github.io/dml_book/data.folder.html.md"""
 
 # %% ../../nbs/01h_data.folder.ipynb #306622aa
 from __future__ import annotations
-import csv
+import csv, io, os, re
 from pathlib import Path
 import numpy as np
 from ..registry import DATASETS, ConfigError
 from .core import ImageFileDataset, DatasetNotFoundError
+from ..reads import read_text, MAX_LIST_BYTES
 
 # %% auto #0
-__all__ = ['IMAGE_SUFFIXES', 'split_classes', 'read_split_file', 'ImageFolder', 'read_table', 'ImageCSV']
+__all__ = ['IMAGE_SUFFIXES', 'split_classes', 'read_split_file', 'ImageFolder', 'read_table', 'check_rows', 'ImageCSV']
 
 # %% ../../nbs/01h_data.folder.ipynb #1aff8c27
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")   # what a folder's images may be
@@ -34,10 +35,12 @@ def split_classes(classes: list[str], # the class names, in order
 
 # %% ../../nbs/01h_data.folder.ipynb #1a3312ba
 def read_split_file(path: Path, # lines of `<class> <split>` or `<class>,<split>`
+                    root=None, # the dataset folder it must lie in (links resolved); None: the file's own folder
                    ) -> dict[str, str]:
-    "{class: split} from a split file; a one-line error names a bad line."
-    out = {}
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    "{class: split} from a split file inside `root` (`dml_book.reads.read_text`); a one-line error names a bad line."
+    out, path = {}, Path(path)
+    text = read_text(path, "name a split file inside the dataset folder", MAX_LIST_BYTES, root or path.parent, what="split file")
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"): continue
         parts = line.replace(",", " ").rsplit(maxsplit=1)
         if len(parts) != 2 or parts[1] not in ("train", "test"):
@@ -73,7 +76,7 @@ def _folder_index(self, folder: Path, split: str):
     classes = [c for c in classes if images[c]]   # a folder without images is not a class
     if self.split_file is None: sides = split_classes(classes, self.test_fraction)
     else:
-        sides = read_split_file(folder/self.split_file)
+        sides = read_split_file(folder/self.split_file, folder)
         missing = [c for c in classes if c not in sides]
         if missing: raise ConfigError(f"{folder/self.split_file} gives no split for class {missing[0]!r} ({len(missing)} unlisted)")
     keep = [c for c in classes if sides.get(c) == split]
@@ -84,18 +87,41 @@ ImageFolder.locate, ImageFolder.read_index = _locate_folder, _folder_index
 # %% ../../nbs/01h_data.folder.ipynb #86f1cfa1
 _TRUE = {"1", "true", "yes", "True", "TRUE"}
 
+_COLUMN = re.compile(r"[A-Za-z_][\w ]{0,31}")   # a column name worth repeating in a message
+
+def _csv_rows(path: Path) -> list[dict]:
+    "The rows of the CSV file `path`: a regular UTF-8 file of at most `MAX_LIST_BYTES` (`read_text`); `csv`'s errors as one line."
+    text = read_text(path, "pass a CSV file in UTF-8", MAX_LIST_BYTES, follow=True, what="CSV file")
+    try: return list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as e: raise ConfigError(f"{path} is not a CSV file ({e})") from None
+
 def read_table(path: Path, # the CSV file
               ) -> list[dict]:
     "The rows of an image table with `path` and `label` columns (one-line errors for a missing column or value)."
-    with open(path, newline="") as f: rows = list(csv.DictReader(f))
+    rows = _csv_rows(path)
     cols = set(rows[0]) if rows else set()
-    if not {"path", "label"} <= cols: raise ConfigError(f"{path} needs a header with the columns path and label (has: {', '.join(sorted(cols)) or 'none'})")
+    shown = ", ".join(sorted(c for c in cols if isinstance(c, str) and _COLUMN.fullmatch(c))) or "none"   # never a line of another kind of file
+    if not {"path", "label"} <= cols: raise ConfigError(f"{path} needs a header with the columns path and label (has: {shown})")
     if ("is_query" in cols) != ("is_gallery" in cols): raise ConfigError(f"{path}: give both is_query and is_gallery, or neither")
     for n, r in enumerate(rows, 2):
         if not r["path"] or not r["label"]: raise ConfigError(f"{path}:{n}: a row without a path or a label")
         r["split"] = {"validation": "test", "val": "test", "": None}.get(r.get("split") or "", r.get("split"))
         if r["split"] not in (None, "train", "test"): raise ConfigError(f"{path}:{n}: split {r['split']!r} is not train, test or validation")
+    check_rows(path, rows)
     return rows
+
+# %% ../../nbs/01h_data.folder.ipynb #51f1b67f
+def check_rows(path: Path, # the CSV file (its folder is the dataset's)
+               rows: list[dict], # its rows, each with a `path`
+              ):
+    "Refuse (`ConfigError`, one line naming the row) a path that leaves the CSV file's folder, or one listed twice."
+    root, seen = os.path.abspath(path.parent), {}
+    for n, r in enumerate(rows, 2):
+        full = os.path.normpath(os.path.join(root, r["path"]))
+        if os.path.commonpath([root, full]) != root:
+            raise ConfigError(f"{path}:{n}: the path {r['path']!r} is outside the CSV file's folder {root}: a row names an image inside it")
+        if full in seen: raise ConfigError(f"{path}:{n}: the path {r['path']!r} is listed twice (rows {seen[full]} and {n}): an image counts once")
+        seen[full] = n
 
 # %% ../../nbs/01h_data.folder.ipynb #3d3f70ab
 @DATASETS.register("csv")
@@ -153,7 +179,7 @@ def _csv_index(self, folder: Path, split: str):
     keep = [i for i, r in enumerate(rows) if pick(i, r)]
     self.camids = np.asarray(keep, dtype=np.int64)   # query/gallery: a row matches every other row of its class, never itself
     self._test_keys = sorted({key(rows[i]) for i in test})
-    return [folder/rows[i]["path"] for i in keep], [key(rows[i]) for i in keep], {key(r): r["label"] for r in rows}
+    return [Path(os.path.normpath(folder/rows[i]["path"])) for i in keep], [key(rows[i]) for i in keep], {key(r): r["label"] for r in rows}
 
 def _csv_label_keys(self, keys: list) -> list:
     "Train and test: the split's own classes; query and gallery: the classes of the whole test part, one numbering."

@@ -47,9 +47,10 @@ def backbone_record(weights_path: str | Path, # a weights file, perhaps a pretra
                    ) -> dict | None:
     "The pretraining record of a weights file: beside it (`pretrain_record`, the cache's) or its folder's `record.json` (a stored copy); None if neither."
     import json
+    from dml_book.reads import read_text
     p = Path(weights_path)
     for f in (p.with_suffix(".json"), p.parent/"record.json"):
-        try: rec = json.loads(f.read_text())
+        try: rec = json.loads(read_text(f, "", 1 << 20, follow=True))   # a regular file of at most 1 MiB: a FIFO never waits
         except (OSError, ValueError): continue
         if isinstance(rec, dict) and isinstance(rec.get("config"), dict) and "skip" in rec["config"]: return rec
     return None
@@ -80,6 +81,7 @@ def render_glyph_pretrain(n_classes: int | None = None, # pretraining classes; N
 @DATASETS.register("glyphs_pretrain")
 class GlyphPretrain(InMemoryImages):
     "The code points glyphs-XL leaves out, as classes: `images` distorted images each train, `held_out` more test."
+    kwarg_bounds = dict(n_classes=(2, 100_000), skip=(0, 100_000), images=(1, 256), held_out=(0, 256), seed=(0, 2**63 - 1), size=(8, 256), strength=(0, 4))
     def __init__(self, root: str | Path | None = None, # cache folder (default: `cache_dir()`)
                  split: BuiltinSplit = "train", # the training images of every class, or the held-out ones
                  transform=None, # applied to each (1, size, size) float tensor

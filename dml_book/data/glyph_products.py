@@ -14,6 +14,7 @@ from matplotlib.ft2font import FT2Font
 from PIL import Image, ImageFilter
 from ..registry import DATASETS
 from ..files import write_bytes
+from ..reads import read_file, MAX_CACHE_BYTES
 from .builtin import GLYPH_FONTS, font_path, cache_dir, InMemoryImages, BuiltinSplit, _split_classes
 
 # %% auto #0
@@ -68,8 +69,9 @@ def _cached(name: str, key, build, root=None) -> dict:
     "`build()` (a dict of arrays) through an `.npz` file in `root` keyed by `key`."
     h = hashlib.sha1(repr((key, matplotlib.__version__)).encode()).hexdigest()[:12]
     path = Path(root or cache_dir())/f"{name}-{h}.npz"
-    if path.exists():
-        with np.load(path) as z: return {k: z[k] for k in z.files}
+    if path.exists():   # a regular file of the cache, bounded, never a pickle
+        data = read_file(path, "remove it to render the images again", MAX_CACHE_BYTES, root=path.parent, what="cached file")
+        with np.load(io.BytesIO(data), allow_pickle=False) as z: return {k: z[k] for k in z.files}
     out = build(); path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.BytesIO(); np.savez_compressed(buf, **out)
     write_bytes(path, buf.getvalue(), f"choose another cache folder than {path.parent}")
@@ -144,6 +146,7 @@ def render_glyph_products(n_classes: int = 2000, # number of classes (code point
 @DATASETS.register("glyphs_xl")
 class GlyphProducts(InMemoryImages):
     "Glyph products: characters as classes, 2-12 distorted images each; first half of the classes train, second half test."
+    kwarg_bounds = dict(n_classes=(2, 100_000), seed=(0, 2**63 - 1), size=(8, 256), strength=(0, 4), min_images=(1, 256), max_images=(1, 256))
     def __init__(self, root: str | Path | None = None, # cache folder (default: `cache_dir()`)
                  split: BuiltinSplit = "train", # the first half of the classes, or the second
                  transform=None, # applied to each (1, size, size) float tensor

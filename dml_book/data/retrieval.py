@@ -6,12 +6,14 @@ Docs: https://dml-book.github.io/dml_book/data.retrieval.html.md"""
 
 # %% ../../nbs/01e_data.retrieval.ipynb #5cbe2070
 from __future__ import annotations
+import io
 from pathlib import Path
 import numpy as np
 import scipy.io
 from ..registry import DATASETS, ConfigError, quote
 from .core import ImageFileDataset, DatasetNotFoundError, inside
 from .download import Archive
+from ..reads import read_text, read_file, MAX_LIST_BYTES
 
 # %% auto #0
 __all__ = ['CARS_SOURCE', 'read_rows', 'unique_ids', 'CUB200', 'Cars196', 'SOP']
@@ -22,8 +24,9 @@ def read_rows(path: Path, # the index file
               header: str | None = None, # the expected first line; None: no header
              ) -> list[list[str]]:
     "Whitespace-split rows of a text index file (checking its `header` line if given)."
-    if not path.is_file(): raise DatasetNotFoundError(f"expected {path}, which is missing; the layout is:\n{layout}")
-    lines = [l for l in path.read_text().splitlines() if l.strip()]
+    if not path.exists() and not path.is_symlink(): raise DatasetNotFoundError(f"expected {path}, which is missing; the layout is:\n{layout}")
+    text = read_text(path, "extract the dataset again", MAX_LIST_BYTES, root=path.parent, what="index file")   # regular, bounded, in its folder
+    lines = [l for l in text.splitlines() if l.strip()]
     if header is not None:
         if not lines or lines[0].split() != header.split():
             raise DatasetNotFoundError(f"{path} should start with the header {header!r}; the layout is:\n{layout}")
@@ -93,7 +96,8 @@ class Cars196(ImageFileDataset):
                    split, # train or test
                   ):
         path = folder/"cars_annos.mat"
-        try: mat = scipy.io.loadmat(path, squeeze_me=True)
+        data = read_file(path, "extract the dataset again", MAX_LIST_BYTES, root=folder, what="index file")
+        try: mat = scipy.io.loadmat(io.BytesIO(data), squeeze_me=True)
         except Exception as e: raise ValueError(f"cannot read {path}: {e}") from e
         if "annotations" not in mat or "class_names" not in mat:
             raise DatasetNotFoundError(f"{path} lacks 'annotations' or 'class_names'; is it the original cars_annos.mat?")
