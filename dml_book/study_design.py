@@ -96,7 +96,7 @@ def device_check(study: str = "hdml", # the study whose seeds were retrained on 
 class StudyError(ValueError):
     "A study cannot be run or read as declared: two arms differ in something it does not declare, or its files disagree."
 
-_NOT_COMPARED = ("seed", "out")   # every run has its own; runs are paired by seed
+_NOT_COMPARED = ("seed", "out", "allow_collapse")   # every run has its own; runs are paired by seed; a safety switch, not a setting (runs stored before it read as equal)
 
 def config_fields(cfg, # a `TrainConfig` or its dict
                  ) -> dict:

@@ -107,3 +107,13 @@ def test_killed_tuning_resumes_without_losing_or_repeating_a_trial(tmp_path):
     assert sorted(p.name for p in folder.parent.glob("trial[0-9]*")) == ["trial0", f"trial{int(done[done.retry_of != 0].number.iloc[0])}"]
     m = json.loads((folder/"metrics.json").read_text())
     assert [r["epoch"] for r in m["epochs"]] == list(range(7)) and epochs_done >= 1   # resumed: every epoch once, from the checkpoint
+
+def test_stored_runs_still_read_as_their_configuration():
+    "A configuration field added since (allow_collapse) must not make the studies' stored runs look stale (run_study would retrain them)."
+    from dml_book.study_design import study_spec, _same_config
+    root = Path(__file__).parent.parent/"results"
+    for name in T.SEARCH_SPACES:
+        study = study_spec(name)
+        for arm, cfg in study.arms.items():
+            f = root/name/arm/"seed0"/"metrics.json"
+            assert f.is_file() and _same_config(f, replace(cfg, seed=0, out=str(f.parent))), (name, arm)
