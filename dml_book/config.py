@@ -75,6 +75,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "data_root": (optional(is_str), "a folder path or None"),
     "dataset_kwargs": (is_dict, "a mapping of constructor arguments"),
     "transform": (optional(is_str), "the name of an image pipeline or None"),
+    "image_size": (optional(lambda v: positive_int(v) and v >= 16), "a whole number of pixels, at least 16, or None"),
     "backbone": (is_str, "a backbone name"),
     "embedding_dim": (lambda v: positive_int(v) and v <= 1 << 16, "a positive integer, at most 65536"),
     "head": one_of(Head),

@@ -129,7 +129,8 @@ def serving_config(cfg: TrainConfig, # the run's configuration
     run = Path(run_dir)
     cfg = replace(cfg, device=device, progress=False, umap=False, out=str(run), pretrained=False, weights_path=None, compile=False)
     if not (run/RUN_RECORD).is_file(): return cfg   # an older run: rebuilt from its data
-    return replace(cfg, dataset="_run", data_root=str(run.resolve()), dataset_kwargs={}, transform=None, decoder="pil", num_workers=0)
+    return replace(cfg, dataset="_run", data_root=str(run.resolve()), dataset_kwargs={}, transform=None, image_size=None,
+                   decoder="pil", num_workers=0)   # the record holds the images' shape; preprocessing.json, their pipeline
 
 # %% ../nbs/12_inference.ipynb #9294c95c
 MAX_SIDE = 8192   # pixels: the largest resize or crop side a preprocessing.json may ask for

@@ -15,7 +15,8 @@ from .registry import check_choice
 __all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
            'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset', 'paper_figures', 'line_up',
            'published_tables', 'ExperimentError', 'experiments_dir', 'params_file', 'experiment_names',
-           'find_experiment', 'results_dir', 'notebook_parameters', 'coerce_parameters', 'run_experiment']
+           'find_experiment', 'results_dir', 'notebook_parameters', 'coerce_parameters', 'ParameterError',
+           'check_parameter', 'check_parameters', 'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
 def load_run(folder, # a run folder (holding `metrics.json`)
@@ -305,6 +306,55 @@ def coerce_parameters(declared: dict[str, dict], # `notebook_parameters` of the 
         if kind.startswith("float") and isinstance(v, int) and not isinstance(v, bool): v = float(v)
         out[k] = v
     return out
+
+# %% ../nbs/11_results.ipynb #5a68aec4
+class ParameterError(ExperimentError):
+    "A notebook parameter whose value does not have (and cannot be read as) its declared type."
+    def _render_traceback_(self): return [f"ParameterError: {self}"]   # IPython shows this one line, not a traceback
+
+def _allowed(kind) -> tuple:
+    "The types an annotation admits: `Optional[int]` -> (int, NoneType)."
+    import typing
+    if typing.get_origin(kind) is typing.Union or type(kind).__name__ == "UnionType": return tuple(typing.get_args(kind))
+    return (typing.get_origin(kind) or kind,)
+
+
+# %% ../nbs/11_results.ipynb #ebdb98fa
+def _admits(allowed: tuple, v) -> bool:
+    "Whether `v` has one of the `allowed` types (a bool is not taken for an int or a float)."
+    if isinstance(v, bool) and bool not in allowed: return False
+    return isinstance(v, allowed)
+
+def check_parameter(name: str, # the parameter's name (for the error)
+                    kind, # its annotation: a type, `Optional[...]` or `X | None`
+                    value, # the value it was given
+                   ):
+    "`value` as the type `kind` declares (converted where that is unambiguous); a `ParameterError` naming it otherwise."
+    import yaml
+    allowed = _allowed(kind)
+    if isinstance(value, str) and (str not in allowed or (type(None) in allowed and value in ("null", "None", "~"))):
+        try: read = None if value in ("null", "None", "~") else yaml.safe_load(value)
+        except yaml.YAMLError: read = value
+        if isinstance(read, str) and float in allowed:
+            try: read = float(read)
+            except ValueError: pass
+        value = read
+    if float in allowed and _admits((int,), value) and not _admits(allowed, value): value = float(value)
+    if str in allowed and _admits((int, float), value) and not _admits(allowed, value): value = str(value)
+    if _admits(allowed, value): return value
+    want = " or ".join("None" if t is type(None) else getattr(t, "__name__", str(t)) for t in allowed)
+    raise ParameterError(f"parameter {name} must be {want}; got {value!r} ({type(value).__name__})")
+
+
+# %% ../nbs/11_results.ipynb #df9b1bef
+def check_parameters(namespace: dict, # the notebook's `globals()`: its `parameters` cell's annotations and values
+                    ) -> dict:
+    "Check (and convert in place) every annotated parameter in `namespace`; the checked values, by name."
+    kinds = namespace.get("__annotations__", {})
+    out = {k: check_parameter(k, kind, namespace[k]) for k, kind in kinds.items() if k in namespace}
+    namespace.update(out)
+    return out
+
 
 # %% ../nbs/11_results.ipynb #6b9c042f
 def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a notebook)

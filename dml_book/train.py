@@ -40,6 +40,7 @@ class TrainConfig:
     data_root: str | None = None     # folder holding the dataset (built-in data: its cache folder)
     dataset_kwargs: dict = field(default_factory=dict) # its constructor arguments, e.g. {"size": 16} for smaller glyphs
     transform: str | None = None     # an image pipeline of dml_book.data.transforms (e.g. retrieval227); None: the dataset's own
+    image_size: int | None = None    # image files: the side the network sees, the pipeline scaled to it (e.g. 96 on a CPU); None: the pipeline's (224 ...)
     backbone: str = "smallcnn"       # smallcnn, resnet18, resnet50 or googlenet
     embedding_dim: int = 64          # size of the embedding
     head: Head = "linear"            # linear: a layer from the features to the embedding; identity: the features are the embedding

@@ -176,3 +176,25 @@ def test_dmml_experiment_reports_reid_metrics_on_the_market1501_layout(tmp_path)
         ["ablation", "dmml-no-margin", "DMML w/o Margin", "Table 4", "80.8", "91.7"],
         ["ablation", "dmml-tau0.2", "DMML (tau=0.2)", "Table 4", "80.6", "92.0"]]
     for f in ("learning_curves.png", "comparison.png"): assert (out/f).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _step_losses(log: Path) -> list[dict]:
+    return [r for r in map(json.loads, log.read_text().splitlines()) if r.get("kind") == "step"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ala", "hdml", "dcml", "pads", "dmml"])
+def test_each_smoke_variant_trains_otherwise_than_the_baseline(runs, name):
+    "At the default (smoke) length each variant's per-step loss departs from the baseline's: the method acts within the run."
+    from dml_book.results import notebook_parameters
+    variants = notebook_parameters(ROOT/"nbs"/"experiments"/f"{name}.ipynb")["variants"]["default"]
+    steps = {v: _step_losses(runs/name/v/"seed0"/"log.jsonl") for v in variants}
+    base = [s["loss"] for s in steps["baseline"]]
+    assert len(base) >= 10 and all(math.isfinite(l) for l in base)
+    for v in variants:
+        if v == "baseline": continue
+        losses = [s["loss"] for s in steps[v]]
+        assert len(losses) == len(base), (v, len(losses), len(base))
+        assert max(abs(a - b) for a, b in zip(losses, base)) > 1e-4, f"{name}: {v} trains exactly as the baseline in the smoke run"
+        if name == "hdml":   # the synthetic tuples entered the metric loss (eq. 11's weight of the real ones fell below 1)
+            assert min(s["weight"] for s in steps[v]) < 1, f"hdml: {v} never weighted a synthetic tuple"

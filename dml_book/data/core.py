@@ -265,10 +265,14 @@ def build_split(cfg, # a `TrainConfig`: dataset, data_root, dataset_kwargs, tran
         raise ConfigError(f"dataset {cfg.dataset!r} does not take dataset_kwargs {cfg.dataset_kwargs}; "
                           f"it accepts: {', '.join(accepted) or 'none'}")
     transform, tensor = cls.default_transform(train), getattr(cfg, "decoder", "pil") == "torchvision"
+    size = getattr(cfg, "image_size", None)
     if cfg.transform is not None and transform is None:
         raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave transform unset")
-    if transform is not None and (cfg.transform is not None or tensor):   # a named pipeline, or the tensor version of the dataset's
-        transform = get_transform(cfg.transform or cls.transform_preset, train, tensor=tensor)
+    if size is not None and transform is None:
+        raise ConfigError(f"dataset {cfg.dataset!r} is built in (tensors, no image pipeline): leave image_size unset "
+                          f"(its images' size, where it has one, is a dataset_kwargs entry, e.g. {{\"size\": 16}})")
+    if transform is not None and (cfg.transform is not None or tensor or size is not None):   # a named, sized or tensor pipeline
+        transform = get_transform(cfg.transform or cls.transform_preset, train, tensor=tensor, size=size)
     try: ds = cls(cfg.data_root, split, transform=transform, **cfg.dataset_kwargs)
     except ValueError as e:   # a dataset's own refusal of its arguments (a ConfigError already says what it refuses)
         if isinstance(e, ConfigError): raise
@@ -336,9 +340,9 @@ def preprocessing_spec(cfg, # the run's `TrainConfig` (its dataset registered: `
     "The run's evaluation preprocessing as a JSON-able dict (see the table above)."
     cls = DATASETS.get(cfg.dataset)
     tf = cls.default_transform(False)
-    if tf is not None and cfg.transform is not None:
+    if tf is not None and (cfg.transform is not None or getattr(cfg, "image_size", None) is not None):
         from dml_book.data.transforms import get_transform
-        tf = get_transform(cfg.transform, False)
+        tf = get_transform(cfg.transform or cls.transform_preset, False, size=getattr(cfg, "image_size", None))
     if tf is not None: return _spec_from_pipeline(tf)
     if sample is None: sample = build_split(cfg, "train", False)[0][0]
     c, h, w = sample.shape

@@ -7,7 +7,7 @@ Docs: https://dml-book.github.io/dml_book/data.transforms.html.md"""
 # %% ../../nbs/01c_data.transforms.ipynb #0956f4cb
 from __future__ import annotations
 from typing import Callable
-from ..registry import check_choice
+from ..registry import check_choice, ConfigError
 
 # %% auto #0
 __all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'TRANSFORM_PRESETS', 'retrieval_transform', 'reid_transform', 'get_transform']
@@ -47,18 +47,27 @@ def reid_transform(train: bool, # the training transform (flip, random erasing) 
     return T.Compose([*pre, to_float, T.Normalize(IMAGENET_MEAN, IMAGENET_STD), *post])
 
 # %% ../../nbs/01c_data.transforms.ipynb #400fca6c
-TRANSFORM_PRESETS: dict[str, Callable[..., Callable]] = {   # name: f(train, tensor=False)
-    "retrieval224": lambda train, tensor=False: retrieval_transform(train, 224, tensor=tensor),   # torchvision backbones
-    "retrieval227": lambda train, tensor=False: retrieval_transform(train, 227, tensor=tensor),   # Caffe GoogLeNet (HDML)
-    "randomresized224": lambda train, tensor=False: retrieval_transform(train, 224, random_resized=True, tensor=tensor),  # DCML (Sec. 4.2)
-    "reid256x128": lambda train, tensor=False: reid_transform(train, tensor=tensor),              # person re-identification
-    "vehicle224": lambda train, tensor=False: reid_transform(train, (224, 224), erase_p=0, tensor=tensor),  # vehicles (DMML Sec. 4.2: 224 x 224, flips only)
+def _scaled(n: int, size: int | None, base: int) -> int:
+    "`n` pixels of a preset whose network side is `base`, scaled to the side `size` (None: unscaled)."
+    return n if size is None else max(1, round(n * size / base))
+
+TRANSFORM_PRESETS: dict[str, Callable[..., Callable]] = {   # name: f(train, tensor=False, size=None)
+    "retrieval224": lambda train, tensor=False, size=None: retrieval_transform(train, size or 224, _scaled(256, size, 224), tensor=tensor),   # torchvision backbones
+    "retrieval227": lambda train, tensor=False, size=None: retrieval_transform(train, size or 227, _scaled(256, size, 227), tensor=tensor),   # Caffe GoogLeNet (HDML)
+    "randomresized224": lambda train, tensor=False, size=None: retrieval_transform(train, size or 224, _scaled(256, size, 224), random_resized=True, tensor=tensor),  # DCML (Sec. 4.2)
+    "reid256x128": lambda train, tensor=False, size=None: reid_transform(train, (size or 256, _scaled(128, size, 256)), tensor=tensor),  # person re-identification
+    "vehicle224": lambda train, tensor=False, size=None: reid_transform(train, (size or 224,) * 2, erase_p=0, tensor=tensor),  # vehicles (DMML Sec. 4.2: 224 x 224, flips only)
 }
 
+# %% ../../nbs/01c_data.transforms.ipynb #c2e2856c
 def get_transform(name: str, # a preset of `TRANSFORM_PRESETS`
                   train: bool, # the training (augmenting) or the evaluation transform
                   tensor: bool = False, # for uint8 tensors (`torchvision.io` decoding) instead of PIL images
+                  size: int | None = None, # the side the network sees (re-identification: the height); None: the preset's
                  ) -> Callable:
-    "The preset `name` for training (`train=True`) or testing; for uint8 tensors (`torchvision.io`) when `tensor`."
+    "The preset `name` for training (`train=True`) or testing, at its own size or scaled to `size`; for uint8 tensors when `tensor`."
     check_choice("transform preset", name, sorted(TRANSFORM_PRESETS))
-    return TRANSFORM_PRESETS[name](train, tensor=tensor)
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 16):
+        raise ConfigError(f"image_size must be a whole number of pixels, at least 16; got {size!r}")
+    return TRANSFORM_PRESETS[name](train, tensor=tensor, size=size)
+
