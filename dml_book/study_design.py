@@ -96,7 +96,7 @@ def device_check(study: str = "hdml", # the study whose seeds were retrained on 
 class StudyError(ValueError):
     "A study cannot be run or read as declared: two arms differ in something it does not declare, or its files disagree."
 
-_NOT_COMPARED = ("seed", "out", "allow_collapse")   # every run has its own; runs are paired by seed; a safety switch, not a setting (runs stored before it read as equal)
+_NOT_COMPARED = ("seed", "out")   # every run has its own; runs are paired by seed
 
 def config_fields(cfg, # a `TrainConfig` or its dict
                  ) -> dict:
@@ -174,8 +174,10 @@ def _short(v, n=80):
 
 # %% ../nbs/11b_study_design.ipynb #bff1ef51
 def _same_config(metrics_file: Path, cfg) -> bool:
+    "Whether the run stored in `metrics_file` has `cfg`; a field newer than the run reads as its default (as on resume)."
     try: stored = json.loads(metrics_file.read_text())["config"]
     except (OSError, ValueError, KeyError): return False
+    stored = {**asdict(type(cfg)()), **stored}
     return not arm_differences(stored, asdict(cfg)) and stored.get("seed") == cfg.seed
 
 def _relative_paths(folder: Path, results: Path, weights_path: str | None = None):
