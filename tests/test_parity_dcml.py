@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from dml_book.methods.dcml import DCML, Compositor, compose, rein_loss, concatenate
 from dml_book.losses import MarginLoss
 from dml_book.distances import euclidean
+from parity import rel   # tests/parity.py
 
 HERE = Path(__file__).parent / "fixtures" / "parity"
 FX = {k: torch.tensor(v) for k, v in np.load(HERE / "dcml.npz").items()}
@@ -20,12 +21,6 @@ META = json.loads((HERE / "dcml.json").read_text())
 S = META["settings"]
 K, D, M, RTOL = S["n_learners"], S["learner_dim"], S["n_compositors"], 1e-6
 TRIPLETS = tuple(FX["triplets"].T)
-
-
-def rel(ours, theirs) -> float:
-    "Relative difference of two arrays: the largest |ours - theirs| over the largest |theirs|."
-    ours, theirs = torch.as_tensor(ours).detach().double(), torch.as_tensor(theirs).detach().double()
-    return float((ours - theirs).abs().max() / theirs.abs().max().clamp_min(1e-300))
 
 
 def method(use_sign: bool, seed: int = 0) -> DCML:

@@ -17,22 +17,12 @@ import torch
 import torch.nn.functional as F
 
 from dml_book.methods.dmml import DMML, MetaCellLoss, episode_loss
+from parity import rel   # tests/parity.py
 
 FIX = json.loads((Path(__file__).parent/"fixtures"/"parity"/"dmml.json").read_text())
 LABELS = torch.tensor(FIX["inputs"]["labels"])
 CASES = FIX["cases"]
 PENALTY = 0.002 * 0.25          # the official loss adds 0.002 * 0.25 * sum |f|^2 / B: feature_penalty of the mean |f|^2
-
-
-def _np(a) -> np.ndarray:
-    "A tensor, list or number as a float64 array (a tensor's own precision kept: no detour through float32)."
-    return a.detach().cpu().double().numpy() if torch.is_tensor(a) else np.asarray(a, dtype=float)
-
-
-def rel(a, b) -> float:
-    "Largest absolute difference over the largest official magnitude."
-    a, b = _np(a), np.asarray(b, float)
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def run(inputs, feature_of=lambda u: u, **kw):

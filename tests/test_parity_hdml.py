@@ -21,6 +21,7 @@ from dml_book.losses import NPairLoss, TripletLoss
 from dml_book.methods.hdml import (WindowAverage, decay_penalty, generator_objective, grouped_npair_loss, metric_objective,
                                    npair_synthesis, official_j_m, official_triplet_loss, pulling_lambda, reconstruction_loss,
                                    synthesis_weight, triplet_synthesis)
+from parity import rel, as_array as _np   # tests/parity.py
 
 FIX = json.loads((Path(__file__).parent/"fixtures"/"parity"/"hdml.json").read_text())
 OUT, FLAGS = FIX["outputs"], FIX["flags"]
@@ -29,17 +30,6 @@ ALPHA, BETA, LAM, SOFTMAX_FACTOR = FLAGS["alpha"], FLAGS["beta"], FLAGS["_lambda
 
 
 def t64(x, grad=False): return torch.tensor(x, dtype=torch.float64, requires_grad=grad)
-
-
-def _np(a) -> np.ndarray:
-    "A tensor, list or number as a float64 array (a tensor's own precision kept: no detour through float32)."
-    return a.detach().cpu().double().numpy() if torch.is_tensor(a) else np.asarray(a, dtype=float)
-
-
-def rel(a, b) -> float:
-    "Largest absolute difference over the largest official magnitude."
-    a, b = _np(a), np.asarray(b, float)
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 def close(a, b, rtol=1e-6): np.testing.assert_allclose(_np(a), b, rtol=rtol, atol=1e-12)

@@ -11,18 +11,13 @@ import torch
 from dml_book.methods.pads import BinnedDistribution, bin_index, negative_weights, init_probs, class_distances
 from dml_book.distances import euclidean
 from dml_book.methods.pads_policy import PolicyLearner, TrainingState, apply_actions, reward
+from parity import rel   # tests/parity.py
 
 HERE = Path(__file__).parent / "fixtures" / "parity"
 F = dict(np.load(HERE / "pads.npz"))
 META = json.loads((HERE / "pads.json").read_text())
 S = META["settings"]
 K, RTOL = S["n_bins"], 1e-6
-
-
-def rel(ours, theirs) -> float:
-    "Relative difference of two arrays: the largest |ours - theirs| over the largest |theirs|."
-    ours, theirs = np.asarray(ours, dtype=float), np.asarray(theirs, dtype=float)
-    return float(np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-300))
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ official code.
 """
 import argparse, importlib, inspect, json, subprocess, sys
 from pathlib import Path
+from parity_common import commit_of, fixture_parser   # tools/parity_common.py (this folder is on sys.path)
 
 import torch
 import torch.nn.functional as F
@@ -19,14 +20,6 @@ import torch.nn.functional as F
 REPO = "CHENGY12/DMML"
 N_SUPPORT, N_QUERY, DIM = 3, 2, 6
 LABELS = [5] * 5 + [1] * 5 + [8] * 5 + [2] * 5          # four classes, 3 support + 2 query images each, class by class
-
-
-def commit_of(path: Path, given: str | None) -> str:
-    "The commit of the copy at `path`: --commit, else git's HEAD there."
-    if given: return given
-    try: return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        sys.exit(f"{path} is not a git checkout: name the commit of this copy with --commit")
 
 
 def where(obj, root: Path) -> str:
@@ -53,10 +46,7 @@ def run(mod, catch, feature_of, u, mode, margin):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("path", type=Path, help="local copy of the official repository")
-    ap.add_argument("--commit", help="its commit (needed when PATH is not a git checkout)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1]/"tests/fixtures/parity/dmml.json")
+    ap = fixture_parser(__doc__, "dmml.json")
     args = ap.parse_args(argv)
     if not (args.path/"loss"/"dmml.py").is_file(): sys.exit(f"{args.path} has no loss/dmml.py: not a copy of {REPO}")
     sys.path.insert(0, str(args.path.resolve()))

@@ -20,6 +20,7 @@ file:line that computed it.
 """
 import argparse, ast, json, re, subprocess, sys, textwrap
 from pathlib import Path
+from parity_common import commit_of, fixture_parser   # tools/parity_common.py (this folder is on sys.path)
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,13 +52,6 @@ def mul64(x, y, name=None):
     "tf.multiply, a Python float becoming float64 (math_ops.multiply(0.25 * reg_lambda, ...) of the N-pair losses)."
     return v1.multiply(const64(x) if isinstance(x, float) else x, y, name=name)
 TF = Proxy(v1, float32=tf.float64, to_float=to_f64, constant=const64)
-
-
-def commit_of(path: Path, given):
-    if given: return given
-    try: return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    except (subprocess.CalledProcessError, FileNotFoundError):
-        sys.exit(f"{path} is not a git checkout: name the commit of this copy with --commit")
 
 
 def read_flags(path: Path) -> tuple[SimpleNamespace, dict]:
@@ -126,10 +120,7 @@ def triplet_inputs(rng):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    ap.add_argument("path", type=Path, help="local copy of the official repository")
-    ap.add_argument("--commit", help="its commit (needed when PATH is not a git checkout)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1]/"tests/fixtures/parity/hdml.json")
+    ap = fixture_parser(__doc__, "hdml.json")
     args = ap.parse_args(argv)
     root = args.path
     if not (root/"lib"/"HDML.py").is_file(): sys.exit(f"{root} has no lib/HDML.py: not a copy of {REPO}")

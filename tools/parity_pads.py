@@ -20,6 +20,7 @@ function run, and the settings)."""
 from __future__ import annotations
 import argparse, importlib.util, inspect, json, os, subprocess, sys, types
 from pathlib import Path
+from parity_common import fail, commit_of   # tools/parity_common.py (this folder is on sys.path)
 from unittest import mock
 import numpy as np
 import torch
@@ -29,23 +30,6 @@ MISSING = ["faiss", "pandas", "tqdm", "matplotlib", "matplotlib.pyplot", "PIL", 
            "torchvision.transforms", "torchvision.models", "pretrainedmodels", "pretrainedmodels.utils", "wandb",
            "scipy", "scipy.spatial", "scipy.spatial.distance", "scipy.stats", "sklearn", "sklearn.preprocessing",
            "sklearn.metrics", "sklearn.cluster", "sklearn.decomposition"]
-
-
-def fail(msg: str):
-    "One clear line on stderr, exit status 2."
-    print(f"error: {msg}", file=sys.stderr); sys.exit(2)
-
-
-def commit_of(path: Path, given: str | None) -> str:
-    "The official copy's commit: `--commit`, or `git rev-parse HEAD` where the copy is the top of a checkout."
-    if given:
-        if len(given) != 40 or any(ch not in "0123456789abcdef" for ch in given.lower()): fail(f"--commit must be a 40-digit hash, got {given!r}")
-        return given
-    git = lambda *a: subprocess.run(["git", "-C", str(path), *a], capture_output=True, text=True, check=True).stdout.strip()
-    try:
-        if Path(git("rev-parse", "--show-toplevel")).resolve() == path.resolve(): return git("rev-parse", "HEAD")
-    except (subprocess.CalledProcessError, FileNotFoundError): pass
-    fail(f"{path} is not the top of a git checkout: pass --commit <sha>")
 
 
 def stub_missing() -> list[str]:
