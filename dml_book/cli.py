@@ -423,7 +423,8 @@ def catalogue(what: str, # what to list: datasets, losses, miners, methods, pres
 def list_command(args, # the parsed command-line arguments
                 ) -> int:
     "`dml-book list`: what a flag can name."
-    lists = _cached("lists", lambda: {w: catalogue(w) for w in LISTS})   # no torch once cached (`_cached`)
+    fresh = lambda: {w: catalogue(w) for w in LISTS}
+    lists = fresh() if "dml_book.methods" in sys.modules else _cached("lists", fresh)   # the cache spares importing torch; loaded registries may hold more (a class registered at run time)
     for what in [args.what] if args.what else LISTS:
         rows = lists[what]
         w = max((len(n) for n, _ in rows), default=0)

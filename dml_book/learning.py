@@ -37,7 +37,8 @@ def collapse_reason(losses: list, # the run's logged training losses, oldest fir
                     window: int = COLLAPSE["window"], # logged steps a loss must stay constant over
                     tolerance: float = COLLAPSE["tolerance"], # relative width of a constant loss
                    ) -> str | None:
-    "Why the run has stopped learning (a sentence), or None while it learns."
+    "Why the run has stopped learning (a sentence), or None while it learns; a run of fewer than `window` logged steps is not judged."
+    if len([v for v in losses if v is not None]) < window: return None   # one step of a large network can sit near one point
     if emb is not None and len(emb) > 1 and (s := embedding_spread(emb)) < min_spread:
         return f"the test embeddings collapsed to one point (spread {s:.2g}, below {min_spread:g})"
     tail = [float(v) for v in losses[-window:] if v is not None]
