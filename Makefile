@@ -29,12 +29,13 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 tests/
 
 # The navigation from the chapters' own titles and summaries and the verdicts from results/ (nbs/sidebar.yml, the home
-# page's methods table, README.md from the home page: tools/navigation.py), and the front page "What we found" executed
-# with its outputs saved (it reads on a repository viewer). Run it after adding or retitling a chapter or after a study.
+# page's methods table, README.md from the home page: tools/navigation.py), then the saved outputs: every cell tagged
+# `results` (front page, method chapters' results, experiment pages) keeps what a fresh execution of the book shows, so
+# the book reads on a repository viewer (tools/saved_outputs.py, from the preview). Run it after a study or a tuning
+# run, or after changing a results section; `make test` checks that the saved outputs are current.
 readme: $(STAMP)
 	$(BIN)/python tools/navigation.py
-	env -u MPLBACKEND $(BIN)/jupyter nbconvert --to notebook --execute --inplace nbs/what_we_found.ipynb   # inline figures
-	$(BIN)/nbdev-clean --fname nbs/what_we_found.ipynb
+	$(BIN)/python tools/saved_outputs.py --write
 
 docs: $(STAMP)
 	$(BIN)/nbdev-docs

@@ -15,8 +15,8 @@ from .registry import check_choice
 __all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
            'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset', 'paper_figures', 'line_up',
            'published_tables', 'ExperimentError', 'experiments_dir', 'params_file', 'experiment_names',
-           'find_experiment', 'results_dir', 'notebook_parameters', 'coerce_parameters', 'ParameterError',
-           'check_parameter', 'check_parameters', 'run_experiment']
+           'find_experiment', 'results_dir', 'parity_file', 'notebook_parameters', 'coerce_parameters',
+           'ParameterError', 'check_parameter', 'check_parameters', 'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
 def load_run(folder, # a run folder (holding `metrics.json`)
@@ -32,10 +32,13 @@ def load_run(folder, # a run folder (holding `metrics.json`)
 
 def find_runs(root, # the folder to search, recursively
              ) -> list[Path]:
-    "Every run folder (one holding `metrics.json`) under `root`, sorted."
+    """Every run folder (one holding `metrics.json`) under `root`, sorted; not the runs of a store nested inside it: a
+    study of its own (a folder with `study.json`, as `<study>/tuned/`) or a tuning's trials (`<study>/tuning/`)."""
     root = Path(root)
     if not root.exists(): raise FileNotFoundError(f"no results folder {root}")
-    return sorted(p.parent for p in root.rglob("metrics.json"))
+    nested = lambda d: d != root and ((d/"study.json").is_file() or d.name == "tuning")
+    return sorted(p.parent for p in root.rglob("metrics.json")
+                  if not any(nested(d) for d in p.parent.parents if d == root or root in d.parents))
 
 # %% ../nbs/11_results.ipynb #7700c8fb
 def _variant(folder: Path, root: Path) -> str:
@@ -274,6 +277,15 @@ def results_dir() -> Path:
     for folder in (experiments_dir().parents[1]/"results", Path(dml_book.__file__).resolve().parent/"_results"):
         if folder.is_dir(): return folder
     raise ExperimentError("no results/ folder in this clone and none installed with dml_book: reinstall the package or run from a clone")
+
+# %% ../nbs/11_results.ipynb #3e1f8bb0
+def parity_file(name: str, # a method: ala, dcml, dmml, hdml or pads
+                suffix: str = ".json", # .json (numbers and provenance) or .npz (arrays)
+               ) -> Path | None:
+    "`tests/fixtures/parity/<name><suffix>` of the clone whose experiments run; None where this copy has none (a plain install)."
+    try: f = experiments_dir().parents[1]/"tests"/"fixtures"/"parity"/f"{name}{suffix}"
+    except ExperimentError: return None
+    return f if f.is_file() else None
 
 # %% ../nbs/11_results.ipynb #327b9f5c
 def notebook_parameters(path, # an experiment notebook

@@ -305,7 +305,8 @@ def run_study(study: Study, # the study to run (or to finish)
     return study_frame(root, study.primary["metric"], study.primary["stage"])
 
 def _record_time(root: Path):
-    runs = [json.loads(f.read_text()) for f in sorted(root.rglob("seed*/run.json"))]
+    from dml_book.results import find_runs
+    runs = [json.loads((f/"run.json").read_text()) for f in find_runs(root) if (f/"run.json").is_file()]   # not a nested study's
     (root/"study_time.json").write_text(json.dumps(dict(cpu_seconds=round(sum(r["cpu_seconds"] for r in runs), 1), runs=len(runs),
                                                        devices=sorted({r["device"] for r in runs}))))
 

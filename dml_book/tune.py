@@ -18,9 +18,9 @@ from .study_design import (Study, study_spec, config_fields, arm_differences, ch
 __all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT', 'Knob', 'set_fields',
            'knob_values', 'Tuning', 'tuning_spec', 'check_trial', 'calibration_configs', 'calibrate_trial_length',
            'trial_length_check', 'rank_agreement', 'default_storage', 'open_storage', 'creation_lock',
-           'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder', 'tune', 'trials_frame', 'write_trials',
-           'space_frame', 'read_trials', 'best_so_far', 'plot_best_so_far', 'knob_importance', 'tuning_progress',
-           'show_tuning', 'best_values', 'tuned_study']
+           'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder', 'trial_origin', 'fail_stale', 'tune',
+           'trials_frame', 'write_trials', 'space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far',
+           'knob_importance', 'tuning_progress', 'show_tuning', 'best_values', 'tuned_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -289,28 +289,40 @@ def _objective(tuning: Tuning, arm: str, root: Path, threads: int):
         return final["val_R@1"]
     return objective
 
+def trial_origin(t) -> int:
+    "The trial a trial runs: its own number, or, for a retry, the number of the try whose process died."
+    return t.system_attrs.get("failed_trial", t.number)
+
 def _rank(trial) -> int:
-    "How many trials before this one count towards the budget (done, running or waiting)."
+    "How many settings before this trial's count towards the budget (done, running or waiting; a retry counts once)."
     from optuna.trial import TrialState
     live = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING)
-    return sum(t.number < trial.number for t in trial.study.get_trials(deepcopy=False, states=live))
+    mine = trial_origin(trial.study._storage.get_trial(trial._trial_id))
+    return len({trial_origin(t) for t in trial.study.get_trials(deepcopy=False, states=live) if t.number < trial.number} - {mine})
 
 # %% ../nbs/11e_tune.ipynb #30ed8ff6
 def _counts(study) -> tuple[int, int]:
-    "(trials complete, trials running or waiting)."
+    "(settings complete, settings running or waiting): a trial and its retries are one setting."
     from optuna.trial import TrialState
     ts = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING))
-    done = sum(t.state == TrialState.COMPLETE for t in ts); return done, len(ts) - done
+    done = {trial_origin(t) for t in ts if t.state == TrialState.COMPLETE}
+    return len(done), len({trial_origin(t) for t in ts} - done)
+
+def fail_stale(studies, url: str):
+    """Fail the trials whose process died, and enqueue each one's retry, one process at a time: on SQLite (no row locks)
+    two processes could otherwise both fail the same trial and both enqueue its retry."""
+    from optuna.storages import fail_stale_trials
+    with creation_lock(url):
+        for s in studies: fail_stale_trials(s)
 
 def _say(line: str): print(line, flush=True)   # a line per trial, at once, also into a log file
 
 def _work(tuning: Tuning, arms: tuple, url: str, root: str, threads: int, heartbeat: int, log=_say) -> int:
     "One process's share: trials of the arm with the fewest, until every arm has `tuning.trials` complete; the trials it ran."
-    from optuna.storages import fail_stale_trials
     storage = open_storage(url, heartbeat); studies = {a: optuna_study(tuning, a, storage) for a in arms}
     ran = 0
     while True:
-        for s in studies.values(): fail_stale_trials(s)
+        fail_stale(studies.values(), url)
         counts = {a: _counts(s) for a, s in studies.items()}
         if all(done >= tuning.trials for done, _ in counts.values()): return ran
         open_arms = [a for a, (done, busy) in counts.items() if done + busy < tuning.trials]
@@ -345,12 +357,16 @@ def tune(tuning: Tuning, # what to tune (`tuning_spec`)
 
 # %% ../nbs/11e_tune.ipynb #d812e0f1
 def trials_frame(study) -> pd.DataFrame:
-    "One row per trial of an Optuna study: number, state, validation R@1, params (JSON), CPU seconds, the trial it retries."
-    rows = [dict(number=t.number, state=t.state.name, val_R1=t.value, params=json.dumps(t.params, sort_keys=True),
-                 cpu_seconds=t.user_attrs.get("cpu_seconds"), retry_of=t.system_attrs.get("failed_trial"),
-                 first=bool(t.user_attrs.get("first")), diverged=t.user_attrs.get("diverged"))
-            for t in study.get_trials(deepcopy=False)]
-    return pd.DataFrame(rows, columns=["number", "state", "val_R1", "params", "cpu_seconds", "retry_of", "first", "diverged"])
+    """One row per trial of an Optuna study: number, state, validation R@1, params (JSON), CPU seconds, the trial it
+    retries, and whether it counts towards the budget (the first complete try of its settings)."""
+    trials, seen, rows = study.get_trials(deepcopy=False), set(), []
+    for t in trials:
+        counted = t.state.name == "COMPLETE" and trial_origin(t) not in seen
+        if counted: seen.add(trial_origin(t))
+        rows.append(dict(number=t.number, state=t.state.name, val_R1=t.value, params=json.dumps(t.params, sort_keys=True),
+                         cpu_seconds=t.user_attrs.get("cpu_seconds"), retry_of=t.system_attrs.get("failed_trial"),
+                         first=bool(t.user_attrs.get("first")), diverged=t.user_attrs.get("diverged"), counted=counted))
+    return pd.DataFrame(rows, columns=["number", "state", "val_R1", "params", "cpu_seconds", "retry_of", "first", "diverged", "counted"])
 
 def write_trials(study, path: Path):
     "Write `trials_frame(study)` to `path` (whole file, renamed into place)."
@@ -371,9 +387,13 @@ def read_trials(results, # the results store
     files = sorted((Path(results)/name/"tuning").glob("*/trials.csv"))
     return pd.concat([pd.read_csv(f).assign(arm=f.parent.name) for f in files], ignore_index=True) if files else None
 
+def counted(trials: pd.DataFrame) -> pd.DataFrame:
+    "The trials that count towards the budget: each setting's first complete try (a repeated retry does not count twice)."
+    return trials[trials.counted] if "counted" in trials else trials[trials.state == "COMPLETE"]
+
 def best_so_far(trials: pd.DataFrame) -> pd.DataFrame:
     "Per arm and complete trial (in the order of their numbers): the best validation R@1 so far, in points."
-    done = trials[trials.state == "COMPLETE"].sort_values("number")
+    done = counted(trials).sort_values("number")
     return pd.concat({a: pd.DataFrame(dict(trial=range(1, len(g) + 1), best=100 * g.val_R1.cummax().to_numpy()))
                       for a, g in done.groupby("arm")}, names=["arm"]).reset_index(level=0).reset_index(drop=True)
 
@@ -397,7 +417,7 @@ def tuning_progress(trials: pd.DataFrame, budget: int = TRIALS) -> pd.DataFrame:
     "Per arm: complete trials against the budget, the best validation R@1 (points) and its trial's settings."
     rows = []
     for arm, g in trials.groupby("arm"):
-        done = g[g.state == "COMPLETE"]; best = done.loc[done.val_R1.idxmax()] if len(done) else None
+        done = counted(g); best = done.loc[done.val_R1.idxmax()] if len(done) else None
         rows.append(dict(arm=arm, complete=len(done), budget=budget, best_val_R1=None if best is None else round(100 * best.val_R1, 2),
                          best_trial=None if best is None else int(best.number), settings=None if best is None else best.params))
     return pd.DataFrame(rows).set_index("arm")
@@ -407,11 +427,9 @@ def show_tuning(name: str, # a study with a search space
                ):
     "Render a study's tuning on its page: the search space, the trials so far, and the study decided again once it is stored."
     from IPython.display import display
-    from dml_book.results import experiments_dir, ExperimentError
+    from dml_book.results import results_dir
     from dml_book.study import show_study
-    if root is None:
-        try: root = experiments_dir().parent.parent/"results"
-        except ExperimentError: root = Path("results")
+    root = results_dir() if root is None else root
     t = tuning_spec(name)
     print(f"Search space, fixed before any trial: {t.trials} trials of {t.epochs} epochs per arm (seed {t.seed}), "
           "scored by validation R@1 at the trial's last epoch; the test split is never built.")

@@ -1,7 +1,7 @@
 """What we found, computed and never typed: the README's verdict column equals the stored studies read by hand, the
-front page "What we found" keeps outputs that a fresh execution reproduces, and the README's links resolve on a
+front page "What we found" shows the verdicts (tests/test_saved_outputs.py checks its saved outputs against a fresh execution), and the README's links resolve on a
 repository viewer (relative links to files of the repository, none to unbuilt `*.html` pages)."""
-import json, os, re, subprocess, sys
+import json, re, sys
 from pathlib import Path
 import numpy as np, pytest
 from scipy import stats
@@ -9,7 +9,6 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT/"results"
 METHODS = ("ala", "hdml", "dcml", "pads", "dmml")
-BIN = Path(sys.executable).parent
 
 
 def by_hand(folder: Path, arm: str, base: str = "baseline"):
@@ -61,13 +60,7 @@ def _outputs(nb: dict) -> dict:
     return out
 
 
-def test_findings_page_keeps_the_outputs_a_fresh_execution_gives(tmp_path):
-    saved = json.loads((ROOT/"nbs"/"what_we_found.ipynb").read_text())
-    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}   # the kernel's inline backend, as `make readme` runs it
-    r = subprocess.run([str(BIN/"jupyter"), "nbconvert", "--to", "notebook", "--execute", "--output-dir", str(tmp_path),
-                        str(ROOT/"nbs"/"what_we_found.ipynb")], capture_output=True, text=True, cwd=ROOT/"nbs", env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    fresh = _outputs(json.loads((tmp_path/"what_we_found.ipynb").read_text()))
-    kept = _outputs(saved)
-    assert kept == fresh, "nbs/what_we_found.ipynb's saved outputs differ from the stored studies: run `make readme` and commit"
+def test_findings_page_shows_the_verdicts_figure_and_table():
+    "Its outputs are saved (a fresh execution gives the same: tests/test_saved_outputs.py); here, what they must hold."
+    kept = _outputs(json.loads((ROOT/"nbs"/"what_we_found.ipynb").read_text()))
     assert kept["findings-figure"][1] and "| [HDML](experiments/hdml.html) | from scratch |" in kept["findings-table"][0]

@@ -108,6 +108,53 @@ def test_killed_tuning_resumes_without_losing_or_repeating_a_trial(tmp_path):
     m = json.loads((folder/"metrics.json").read_text())
     assert [r["epoch"] for r in m["epochs"]] == list(range(7)) and epochs_done >= 1   # resumed: every epoch once, from the checkpoint
 
+STALE = textwrap.dedent("""
+    import time, optuna
+    from optuna.storages import RDBStorage
+    from dml_book import tune as T
+    check = RDBStorage.check_trial_is_updatable
+    def paused(self, trial_id, state):   # a process paused between reading a trial's state and writing FAIL (a busy CPU)
+        check(self, trial_id, state); time.sleep(0.3)
+    RDBStorage.check_trial_is_updatable = paused
+    storage = T.open_storage({url!r}, heartbeat=1)
+    study = optuna.load_study(study_name="tiny/baseline", storage=storage)
+    while time.time() < {start}: time.sleep(0.001)   # both processes at once
+    T.fail_stale([study], {url!r})
+""")
+
+@pytest.mark.slow
+def test_two_processes_failing_stale_trials_retry_each_once(tmp_path):
+    "Both processes of a resumed study find the trials killed at once: each is failed once and retried once, not twice."
+    import optuna
+    url = T.default_storage(tmp_path, "tiny")
+    study = T.optuna_study(tiny_tuning(), "baseline", T.open_storage(url, heartbeat=1))
+    killed = [study.ask() for _ in range(4)]
+    for t in killed: study._storage.record_heartbeat(t._trial_id)
+    time.sleep(3.5)   # past the grace period: every one of them is stale
+    start = time.time() + 20   # after both have imported (seconds on a loaded machine)
+    procs = [subprocess.Popen([sys.executable, "-c", STALE.format(url=url, start=start)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    trials = optuna.load_study(study_name="tiny/baseline", storage=url).get_trials(deepcopy=False)
+    retries = pd.Series([t.system_attrs.get("failed_trial") for t in trials]).dropna().astype(int).value_counts()
+    assert {t.number for t in trials if t.state.name == "FAIL"} == {t.number for t in killed}
+    assert retries.to_dict() == {t.number: 1 for t in killed}, retries   # one retry each
+
+def test_a_trial_retried_twice_counts_once():
+    "A setting tried twice to completion (a duplicate retry) is one trial of the budget and one row that counts."
+    import optuna
+    study = optuna.create_study(direction="maximize")
+    for value, retry_of in ((0.5, None), (None, None), (0.6, 1), (0.6, 1), (0.7, None)):   # trial 1 killed, retried twice
+        t = study.ask()
+        if retry_of is not None: study._storage.set_trial_system_attr(t._trial_id, "failed_trial", retry_of)
+        study.tell(t, value, state=optuna.trial.TrialState.FAIL if value is None else None)
+    assert T._counts(study) == (3, 0)
+    frame = T.trials_frame(study)
+    assert frame.counted.tolist() == [True, False, True, False, True] and frame.retry_of.tolist()[2:4] == [1, 1]
+    progress = T.tuning_progress(frame.assign(arm="a"), budget=3)
+    assert progress.loc["a", "complete"] == 3 and progress.loc["a", "best_val_R1"] == 70.0
+
 def test_stored_runs_still_read_as_their_configuration():
     "A configuration field added since (allow_collapse) must not make the studies' stored runs look stale (run_study would retrain them)."
     from dml_book.study_design import study_spec, _same_config

@@ -21,13 +21,29 @@ NBS = ROOT/"nbs"
 BIN = Path(sys.executable).parent
 
 
+def _notebook_source(path: Path) -> bytes:
+    "What executing a notebook depends on: its cells' sources, not their saved outputs or tags."
+    cells = json.loads(path.read_text())["cells"]
+    return json.dumps([(c["cell_type"], c["source"]) for c in cells]).encode()
+
+
+def stored_results() -> list[Path]:
+    "The files of results/ that pages read (json, jsonl, csv): those git tracks (not a tuning run's files in progress)."
+    r = subprocess.run(["git", "ls-files", "-z", "results"], cwd=ROOT, capture_output=True, text=True)
+    names = r.stdout.split("\0") if r.returncode == 0 else [str(f.relative_to(ROOT)) for f in (ROOT/"results").rglob("*")]
+    return [ROOT/n for n in names if n.endswith((".json", ".jsonl", ".csv")) and (ROOT/n).is_file()]
+
+
 def sources_hash() -> str:
-    "A hash of everything the preview depends on: notebooks, the package, the sidebar, the published figures."
+    """A hash of everything the preview depends on: the notebooks' cells (not their outputs), the package, the sidebar,
+    the published figures, the stored results and the parity fixtures that results sections read."""
     h = hashlib.sha256()
-    files = sorted([*NBS.rglob("*.ipynb"), *NBS.rglob("*.yml"), *NBS.rglob("*.csv"), *(ROOT/"dml_book").rglob("*.py"), Path(__file__)])
+    files = sorted([*NBS.rglob("*.ipynb"), *NBS.rglob("*.yml"), *NBS.rglob("*.csv"), *(ROOT/"dml_book").rglob("*.py"), Path(__file__),
+                    *stored_results(),
+                    *(ROOT/"tests"/"fixtures"/"parity").glob("*")])
     for f in files:
         if any(p.startswith(("_", ".")) and p not in (".notest",) for p in f.relative_to(ROOT).parts[:-1]): continue
-        h.update(str(f.relative_to(ROOT)).encode()); h.update(f.read_bytes())
+        h.update(str(f.relative_to(ROOT)).encode()); h.update(_notebook_source(f) if f.suffix == ".ipynb" else f.read_bytes())
     return h.hexdigest()
 
 
