@@ -176,11 +176,11 @@ def tune_command(args, # the parsed command-line arguments
                 ) -> int:
     "Run `dml-book tune`: the arms' trials until each has its budget, a line per arm, then (`--decide`) the tuned study."
     from dml_book.registry import check_choice
-    from dml_book.tune import tuning_spec, tune, tuned_study, TRIALS, TRIAL_EPOCHS
+    from dml_book.tune import tuning_spec, tune, tuned_study, counted, TRIALS, TRIAL_EPOCHS
     t = tuning_spec(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS)
     for a in args.arm or (): check_choice("arm", a, sorted(t.spaces))
     frame = tune(t, args.results, args.storage, args.jobs, tuple(args.arm) if args.arm else None)
-    for arm, g in frame[frame.state == "COMPLETE"].groupby("arm"):
+    for arm, g in counted(frame).groupby("arm"):   # each setting once (a trial retried twice is one trial)
         best = g.loc[g.val_R1.idxmax()]
         print(f"{args.study}/{arm}: {len(g)} trials, best validation R@1 {100 * best.val_R1:.2f} (trial {best.number}): {best.params}")
     if args.decide:

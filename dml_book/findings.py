@@ -12,32 +12,34 @@ from .study import study_report, paired_difference, metric_name
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'finding', 'findings', 'finding_text', 'verdict_cell', 'findings_markdown', 'plot_findings']
+__all__ = ['REGIMES', 'SETTINGS', 'finding', 'findings', 'finding_text', 'verdict_cell', 'findings_markdown', 'plot_findings']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
+SETTINGS = {"papers'": "{study}", "tuned": "{study}/tuned"}   # whose settings the arms train with -> the study's folder
 
 def finding(method: str, # a method with a study under `results/`
             regime: str = "from scratch", # a key of `REGIMES`
             root=None, # the results store (default: `results_dir()`)
+            settings: str = "papers'", # a key of `SETTINGS`: the study's own settings, or each arm tuned alike
            ) -> dict | None:
     "The study's first main arm against its baseline, in points: `diff`, `low`, `high` (95% interval), `seeds`, `decided` (better, worse, undecided); None where none pairs two seeds."
-    rep = study_report(REGIMES[regime].format(method=method), root)
+    rep = study_report(SETTINGS[settings].format(study=REGIMES[regime].format(method=method)), root)
     arm = next((a for a in (rep["design"].get("main") or [method]) if a in rep["verdict_of"]), None) if rep else None
     if arm is None: return None
     p = paired_difference(rep["frame"], arm, rep["design"].get("baseline", "baseline"))
     diff, low, high = (100 * p[k] for k in ("mean", "low", "high"))
-    return dict(method=method, regime=regime, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
+    return dict(method=method, regime=regime, settings=settings, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
                 seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm])
 
 # %% ../nbs/11d_findings.ipynb #87782a4f
 def findings(methods=None, # method names (default: each study at the top of the store, alphabetically)
              root=None, # the results store (default: `results_dir()`)
             ) -> pd.DataFrame:
-    "One row per method and regime with a stored study: its `finding`."
+    "One row per method, regime and settings with a stored study: its `finding`."
     root = Path(root) if root is not None else results_dir()
     methods = methods or sorted(p.parent.name for p in root.glob("*/study.json"))
-    return pd.DataFrame([f for m in methods for r in REGIMES if (f := finding(m, r, root)) is not None])
+    return pd.DataFrame([f for m in methods for r in REGIMES for s in SETTINGS if (f := finding(m, r, root, s)) is not None])
 
 # %% ../nbs/11d_findings.ipynb #c5fc0aad
 def finding_text(f: dict | None, # a `finding`
@@ -50,8 +52,9 @@ def verdict_cell(method: str, # a method's name
                  root=None, # the results store
                  page: str | None = None, # the experiment page to link (None: no link)
                 ) -> str:
-    "The README's verdict of `method`: each regime's `finding_text` ('from scratch: ...<br>pretrained: ...'), linked to `page`."
-    said = [f"{r}: {finding_text(f)}" for r in REGIMES if (f := finding(method, r, root)) is not None]
+    "The README's verdict of `method`: each regime's `finding_text` ('from scratch: ...<br>from scratch, tuned: ...<br>pretrained: ...'), linked to `page`."
+    said = [f"{r}{', tuned' if s == 'tuned' else ''}: {finding_text(f)}" for r in REGIMES for s in SETTINGS
+            if (f := finding(method, r, root, s)) is not None]
     text = "<br>".join(said) or "no study stored"
     return f"{text} ([study]({page}))" if page and said else text
 
@@ -59,12 +62,12 @@ def verdict_cell(method: str, # a method's name
 def findings_markdown(frame: pd.DataFrame, # `findings`
                       pages: dict | None = None, # method -> the page to link its name to
                      ) -> str:
-    "A markdown table of `frame`: method, regime, arm, difference (points), 95% interval, seeds, decision."
+    "A markdown table of `frame`: method, regime, settings, arm, difference (points), 95% interval, seeds, decision."
     pages = pages or {}
-    rows = ["| method | regime | arm | difference (points) | 95% interval | paired seeds | the interval says |", "|---|---|---|---:|---|---:|---|"]
+    rows = ["| method | regime | settings | arm | difference (points) | 95% interval | paired seeds | the interval says |", "|---|---|---|---|---:|---|---:|---|"]
     for _, f in frame.iterrows():
         name = f"[{f.method.upper()}]({pages[f.method]})" if f.method in pages else f.method.upper()
-        rows.append(f"| {name} | {f.regime} | {f.arm} | {f['diff']:+.1f} | {f.low:+.1f} to {f.high:+.1f} | {f.seeds} | {f.decided} |")
+        rows.append(f"| {name} | {f.regime} | {f.settings} | {f.arm} | {f['diff']:+.1f} | {f.low:+.1f} to {f.high:+.1f} | {f.seeds} | {f.decided} |")
     return "\n".join(rows)
 
 # %% ../nbs/11d_findings.ipynb #fcfd3c7c
@@ -77,6 +80,7 @@ def plot_findings(frame: pd.DataFrame, # `findings`
     colour = {"better": "tab:green", "worse": "tab:red", "undecided": "tab:grey"}
     for y, (_, f) in enumerate(frame.iloc[::-1].iterrows()):
         ax.errorbar(f["diff"], y, xerr=[[f["diff"] - f.low], [f.high - f["diff"]]], fmt="o", capsize=3, color=colour[f.decided])
-    ax.set_yticks(range(len(frame)), [f"{m.upper()}, {r}" for m, r in zip(frame.method[::-1], frame.regime[::-1])])
+    ax.set_yticks(range(len(frame)), [f"{m.upper()}, {r}" + (", tuned" if s == "tuned" else "")
+                                      for m, r, s in zip(frame.method[::-1], frame.regime[::-1], frame.settings[::-1])])
     ax.axvline(0, color="k", lw=0.8); ax.set_xlabel("difference from the baseline (points of the primary metric), 95% interval")
     return ax.figure

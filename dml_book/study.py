@@ -342,11 +342,12 @@ REFERENCE_SEED = 0   # the seed of a study whose run each method's chapter shows
 def reference_run(method: str, # the method's study under `results/`; its variant of the same name is shown
                   root=None, # the results store (default: `results/` beside `nbs/` of this clone)
                   seed: int = REFERENCE_SEED, # which seed of the study
+                  study: str | None = None, # the study's folder under `results/` (None: `method`; e.g. `hdml/tuned`)
                  ) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    "Steps and epochs (`read_log`) of the stored run `results/<method>/<method>/seed<seed>/`; None where its log is not stored."
+    "Steps and epochs (`read_log`) of the stored run `results/<study>/<method>/seed<seed>/`; None where its log is not stored."
     from dml_book.results import experiments_dir, ExperimentError
     if root is None:
         try: root = experiments_dir().parent.parent/"results"
         except ExperimentError: return None
-    path = Path(root)/method/method/f"seed{seed}"/"log.jsonl"
+    path = Path(root)/(study or method)/method/f"seed{seed}"/"log.jsonl"
     return read_log(path) if path.is_file() else None

@@ -20,7 +20,8 @@ __all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATIO
            'trial_length_check', 'rank_agreement', 'default_storage', 'open_storage', 'creation_lock',
            'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder', 'trial_origin', 'fail_stale', 'tune',
            'trials_frame', 'write_trials', 'space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far',
-           'knob_importance', 'tuning_progress', 'show_tuning', 'best_values', 'tuned_study']
+           'knob_importances', 'best_settings', 'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism',
+           'show_tuning', 'best_values', 'tuned_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -39,6 +40,13 @@ class Knob:
         if self.choices: return trial.suggest_categorical(self.field, list(self.choices))
         if self.integer: return trial.suggest_int(self.field, int(self.low), int(self.high), log=self.log)
         return trial.suggest_float(self.field, self.low, self.high, log=self.log)
+
+    def distribution(self):
+        "The Optuna distribution this knob draws from."
+        from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+        if self.choices: return CategoricalDistribution(list(self.choices))
+        if self.integer: return IntDistribution(int(self.low), int(self.high), log=self.log)
+        return FloatDistribution(self.low, self.high, log=self.log)
 
     def fields(self, value) -> dict:
         "The configuration fields `value` of this knob sets."
@@ -407,10 +415,33 @@ def plot_best_so_far(trials: pd.DataFrame, title: str = ""):
     return fig
 
 # %% ../nbs/11e_tune.ipynb #aa1fb8bf
-def knob_importance(tuning: Tuning, arm: str, storage) -> pd.Series:
-    "How much of the variation in validation R@1 each knob explains among the arm's complete trials (Optuna's fANOVA)."
-    from optuna.importance import get_param_importances
-    return pd.Series(get_param_importances(optuna_study(tuning, arm, storage)), name=f"{arm}: importance")
+def knob_importances(tuning: Tuning, # the tuning
+                     trials: pd.DataFrame, # `read_trials`
+                     seed: int = 0, # the forest's seed: the same trials give the same importances
+                    ) -> pd.DataFrame:
+    """Per knob (rows) and arm (columns): the share of the variation of validation R@1 among the arm's counted trials
+    that the knob explains (Optuna's fANOVA importance evaluator, read from the stored `trials.csv`; NaN: not the arm's)."""
+    import optuna
+    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    out = {}
+    for arm, g in counted(trials).groupby("arm"):
+        space = {k.field: k.distribution() for k in tuning.spaces[arm]}
+        study = optuna.create_study(direction="maximize")
+        study.add_trials([optuna.trial.create_trial(params=json.loads(r.params), distributions=space, value=r.val_R1)
+                          for r in g.itertuples()])
+        if len(g) >= 2: out[arm] = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=seed))
+    return pd.DataFrame(out).sort_index()
+
+def best_settings(tuning: Tuning, # the tuning
+                  trials: pd.DataFrame, # `read_trials`
+                 ) -> pd.DataFrame:
+    "Per arm and knob: the first trial's value (the study's own setting: the paper's, for a method) and the best trial's."
+    rows = []
+    for arm, g in counted(trials).groupby("arm"):
+        best = json.loads(g.loc[g.val_R1.idxmax()].params); first = tuning.first(arm)
+        rows += [dict(arm=arm, knob=k.field, first_trial=first[k.field], best_trial=best[k.field]) for k in tuning.spaces[arm]]
+    return pd.DataFrame(rows).set_index(["arm", "knob"])
 
 # %% ../nbs/11e_tune.ipynb #1af272be
 def tuning_progress(trials: pd.DataFrame, budget: int = TRIALS) -> pd.DataFrame:
@@ -418,9 +449,81 @@ def tuning_progress(trials: pd.DataFrame, budget: int = TRIALS) -> pd.DataFrame:
     rows = []
     for arm, g in trials.groupby("arm"):
         done = counted(g); best = done.loc[done.val_R1.idxmax()] if len(done) else None
-        rows.append(dict(arm=arm, complete=len(done), budget=budget, best_val_R1=None if best is None else round(100 * best.val_R1, 2),
-                         best_trial=None if best is None else int(best.number), settings=None if best is None else best.params))
+        first = g[g["first"]]
+        rows.append(dict(arm=arm, complete=len(done), budget=budget, cpu_minutes=round(g.cpu_seconds.sum() / 60, 1),
+                         first_val_R1=round(100 * first.val_R1.max(), 2) if len(first) else None,
+                         best_val_R1=None if best is None else round(100 * best.val_R1, 2), best_trial=None if best is None else int(best.number)))
     return pd.DataFrame(rows).set_index("arm")
+
+def both_verdicts(name: str, # a method's study
+                  root=None, # the results store (default: `results_dir()`)
+                 ) -> pd.DataFrame:
+    "The study's verdict at the papers' settings beside the tuned one, per regime (`dml_book.findings`); 'not stored yet' where none is."
+    from dml_book.findings import REGIMES, SETTINGS, finding, finding_text
+    return pd.DataFrame({s: {r: finding_text(finding(name, r, root, s)).replace("no study stored", "not stored yet") for r in REGIMES}
+                         for s in SETTINGS}).rename_axis("regime")
+
+_AGAINST = {"better": "better than the baseline", "worse": "worse than the baseline", "undecided": "not told apart from the baseline"}
+
+def tuning_sentence(name: str, # a method with a search space
+                    root=None, # the results store (default: `results_dir()`)
+                   ) -> str:
+    """What tuning alike did to the method's verdict (from scratch), in a sentence or two computed from `results/`: both
+    verdicts, whether the tuning changed it, and the knob that mattered most for the method's arm with its move."""
+    from dml_book.findings import finding, finding_text
+    from dml_book.results import results_dir
+    root = results_dir() if root is None else Path(root)
+    own, tuned, label = finding(name, root=root), finding(name, root=root, settings="tuned"), name.upper()
+    if own is None: return f"No study of {label} is stored."
+    said = f"At the papers' settings {label} is {_AGAINST[own['decided']]} ({finding_text(own)})"
+    trials = read_trials(root, name)
+    if tuned is None:
+        n = 0 if trials is None else counted(trials).groupby("arm").size().min()
+        return said + f"; tuned alike it is not decided yet ({n} of {TRIALS} trials per arm stored)."
+    change = "did not change the verdict" if tuned["decided"] == own["decided"] else "changed the verdict"
+    said += f"; tuned alike it is {_AGAINST[tuned['decided']]} ({finding_text(tuned)}): tuning {change}."
+    t = tuning_spec(name); imp = knob_importances(t, trials)
+    if name in imp and imp[name].notna().any():
+        knob = imp[name].idxmax(); row = best_settings(t, trials).loc[(name, knob)]
+        show = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+        said += (f" The knob that mattered most for {label}'s trials is {knob} (fANOVA {imp[name][knob]:.2f}); its best trial "
+                 f"sets it to {show(row.best_trial)} against the paper's {show(row.first_trial)}.")
+    return said
+
+def show_mechanism(name: str, # a method (its study's main arm has its name)
+                   study: str | None = None, # the study's folder under `results/` (None: `<name>/tuned`)
+                   root=None, # the results store (default: `results_dir()`)
+                  ):
+    """The method's own diagnostic on a study's reference run (seed 0 of the method's arm): the figure and the sentences
+    its chapter draws for the stored study, here for the arm at its tuned settings. None where no log is stored."""
+    import inspect
+    from dml_book.results import results_dir, load_run
+    from dml_book.study import reference_run
+    root = results_dir() if root is None else Path(root); study = study or f"{name}/tuned"
+    ref = reference_run(name, root, study=study)
+    if ref is None: print(f"No reference run of {study} is stored yet ({study}/{name}/seed0/log.jsonl)."); return None
+    steps, epochs = ref
+    kw = load_run(root/study/name/"seed0")["config"]["method_kwargs"]
+    if name == "ala":
+        from dml_book.methods.ala import plot_assessment, assessment_sentence
+        plot_assessment(steps, epochs); said = [assessment_sentence(steps, epochs)]
+    elif name == "dcml":
+        from dml_book.methods.dcml import plot_compositor_weights, compositor_sentence
+        plot_compositor_weights(epochs); said = [compositor_sentence(epochs)]
+    elif name == "dmml":
+        from dml_book.methods.dmml import DMML, plot_set_distances, set_distance_sentence
+        tau = kw.get("margin", inspect.signature(DMML).parameters["margin"].default)   # tau of eq. (7)
+        plot_set_distances(steps, tau); said = [set_distance_sentence(steps, tau)]
+    elif name == "hdml":
+        from dml_book.methods.hdml import plot_hardness, hardness_sentence
+        plot_hardness(steps); said = [hardness_sentence(steps)]
+    elif name == "pads":
+        from dml_book.methods.pads import PADS, plot_policy_run, distribution_sentence, critic_sentence, signal_sentence
+        edges = PADS(**kw).distribution.edges   # the run's own bins (their number is tuned)
+        plot_policy_run(steps, edges); said = [distribution_sentence(epochs, edges), critic_sentence(steps), signal_sentence(steps, edges)]
+    else: raise StudyError(f"no diagnostic for method {name!r}: one of ala, dcml, dmml, hdml, pads")
+    print(*said, sep="\n")
+    return said
 
 def show_tuning(name: str, # a study with a search space
                 root=None, # the results store (default: this clone's `results/`)
@@ -436,8 +539,21 @@ def show_tuning(name: str, # a study with a search space
     display(space_frame(t))
     trials = read_trials(root, name)
     if trials is None: print(f"No trials stored under results/{name}/tuning/ yet: `dml-book tune {name}` runs them."); return None
-    display(tuning_progress(trials, t.trials)); plot_best_so_far(trials, f"{name}: tuning on validation classes")
-    if (Path(root)/name/"tuned"/"study.json").is_file(): return show_study(f"{name}/tuned", root)
+    print("Trials so far per arm (validation R@1 in points; the first trial is the arm's setting in the study):")
+    display(tuning_progress(trials, t.trials))
+    print("The best trial's settings beside the first trial's (the study's own: the paper's, for the method's arm):")
+    display(best_settings(t, trials))
+    imp = knob_importances(t, trials)
+    if not imp.empty:
+        print("Which knobs mattered: the share of the variation of validation R@1 over the counted trials each knob explains "
+              "(Optuna's fANOVA; with 20 trials a rough guide, not a measurement):")
+        display(imp.round(2))
+    plot_best_so_far(trials, f"{name}: tuning on validation classes")
+    print("Both verdicts, test R@1 points over the baseline (95% interval):"); display(both_verdicts(name, root))
+    if (Path(root)/name/"tuned"/"study.json").is_file():
+        rep = show_study(f"{name}/tuned", root)
+        print(f"The mechanism at its tuned settings ({name}'s arm, seed 0 of the tuned study):"); show_mechanism(name, root=root)
+        return rep
     print(f"Not decided again yet: once both arms have {t.trials} trials, `dml-book tune {name} --decide` trains each arm's best "
           "at the power rule's seeds and compares them on test.")
 
