@@ -112,7 +112,9 @@ def test_hdml_sentence_from_the_log():
     if "viol_syn" in steps[0]:
         assert f"{m('viol_real', L):.0%} of the real and {m('viol_syn', L):.0%} of the synthetic triplets violate the margin" in s
     c = hardness_criterion(reference_run("hdml", root=RESULTS)[0])
-    assert c["met"] == (2 * above >= L - 1 and m("lam", L) <= m("lam", 1) / 2) and c["syn_above_real"] == above
+    unsat = "viol_syn" in steps[0] and m("viol_syn", L) >= 0.95
+    assert c["met"] == (2 * above >= L - 1 and m("lam", L) <= m("lam", 1) / 2 and not unsat) and c["syn_above_real"] == above
+    assert c["unsatisfiable"] == unsat and ("Nearly every synthetic triplet is then unsatisfiable" in s) == unsat
 
 
 def test_dcml_sentence_from_the_log():
@@ -170,6 +172,10 @@ def test_figures_and_sentences_on_a_tiny_log(tmp_path):
     c = hardness_criterion(full.assign(j_syn=2.5, lam=1.0 - 0.45 * (full.epoch - 1)))
     assert (c["syn_above_real"], c["met"]) == (1, True) and math.isclose(c["lam_last"], 0.1)
     assert "in 1 of the 2 epochs after the first" in hardness_sentence(full.assign(j_syn=2.5)) and "75% of the synthetic" in hardness_sentence(full)
+    nearly_all = full.assign(j_syn=2.5, lam=1.0 - 0.45 * (full.epoch - 1), viol_syn=0.97)   # harder, lambda falls: but unsatisfiable
+    c = hardness_criterion(nearly_all)
+    assert (c["unsatisfiable"], c["met"]) == (True, False) and "unsatisfiable" in hardness_sentence(nearly_all)
+    assert not hardness_criterion(full)["unsatisfiable"] and "unsatisfiable" not in hardness_sentence(full)
     plt.close("all")
     np.testing.assert_allclose(distribution_means([[0.5, 0.5, 0.0], [0.0, 0.2, 0.8]], edges), [1.0, 2.3])
     assert "from 0.010 (mean over epoch 1) to 0.030 (epoch 3)" in assessment_sentence(steps, epochs)

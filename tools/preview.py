@@ -89,14 +89,23 @@ def stray_warnings(executed: Path) -> list[str]:
     return found
 
 
-def run_experiments(out: Path) -> Path:
-    "Every experiment notebook under papermill with its defaults, through `dml-book experiment`."
-    runs = out/"runs"
-    for nb in sorted((NBS/"experiments").glob("*.ipynb")):
+def run_experiments(out: Path, n_workers: int = 2) -> Path:
+    """Every experiment notebook under papermill with its defaults, through `dml-book experiment`, `n_workers` at a time
+    (one thread each, as the chapters run); each one's output goes to `OUT/runs/<name>.log`."""
+    from concurrent.futures import ThreadPoolExecutor
+    runs = out/"runs"; runs.mkdir(parents=True, exist_ok=True)
+    def run(nb: Path) -> tuple[str, int, float]:
         t0 = time.time()
-        r = subprocess.run([str(BIN/"dml-book"), "experiment", nb.stem, "--out-dir", str(runs/nb.stem), "--no-progress"], cwd=ROOT)
-        if r.returncode: sys.exit(f"preview: experiment {nb.stem} failed (exit {r.returncode}); see {runs/nb.stem/nb.name}")
-        print(f"preview: experiment {nb.stem} ran in {time.time() - t0:.0f} s")
+        with open(runs/f"{nb.stem}.log", "w") as log:
+            r = subprocess.run([str(BIN/"dml-book"), "experiment", nb.stem, "--out-dir", str(runs/nb.stem), "--no-progress"],
+                               cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return nb.stem, r.returncode, time.time() - t0
+    with ThreadPoolExecutor(max_workers=n_workers) as pool:
+        for name, rc, seconds in pool.map(run, sorted((NBS/"experiments").glob("*.ipynb"))):
+            if rc:
+                print((runs/f"{name}.log").read_text()[-3000:])
+                sys.exit(f"preview: experiment {name} failed (exit {rc}); see {runs/name/(name + '.ipynb')} and {runs/(name + '.log')}")
+            print(f"preview: experiment {name} ran in {seconds:.0f} s")
     return runs
 
 
@@ -236,7 +245,7 @@ def main(argv=None):
     stamp.unlink(missing_ok=True); out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MPLBACKEND", "Agg")
     if args.pages_only: chapters, runs = out/"executed", out/"runs"
-    else: chapters, runs = execute_chapters(out, args.n_workers), run_experiments(out)
+    else: chapters, runs = execute_chapters(out, args.n_workers), run_experiments(out, args.n_workers)
     pages = build_pages(out, chapters, runs)
     stamp.write_text(json.dumps(dict(sources=digest, pages=[{k: v for k, v in p.items()} for p in pages]), indent=1))
     print(f"preview: {len(pages)} pages in {out/'site'}; open {out/'site'/'index.html'}")

@@ -19,9 +19,9 @@ from .base import Method, TrainerView
 from ..samplers import TripletBatchSampler
 
 # %% auto #0
-__all__ = ['HARDNESS_KEYS', 'hardness_aware_augment', 'pulling_lambda', 'Generator', 'reconstruction_loss', 'generator_objective',
-           'synthesis_weight', 'metric_objective', 'WindowAverage', 'official_triplet_loss', 'decay_penalty',
-           'official_j_m', 'random_triplets', 'npair_pairs', 'triplet_synthesis', 'npair_synthesis',
+__all__ = ['HARDNESS_KEYS', 'UNSATISFIABLE', 'hardness_aware_augment', 'pulling_lambda', 'Generator', 'reconstruction_loss',
+           'generator_objective', 'synthesis_weight', 'metric_objective', 'WindowAverage', 'official_triplet_loss',
+           'decay_penalty', 'official_j_m', 'random_triplets', 'npair_pairs', 'triplet_synthesis', 'npair_synthesis',
            'grouped_npair_loss', 'HDML', 'tuple_distances', 'violation_share', 'hardness_per_epoch', 'plot_hardness',
            'hardness_criterion', 'hardness_sentence']
 
@@ -516,14 +516,20 @@ def plot_hardness(steps, # step records of an HDML run (`read_log`): `lam`, `wei
 # %% ../../nbs/21_methods.hdml.ipynb #618a167e
 def _num(x: float) -> str: return f"{x:.2f}" if abs(x) >= 0.01 or x == 0 else f"{x:.1e}"   # lambda falls far below 0.01
 
+UNSATISFIABLE = 0.95   # a last epoch where this share of the synthetic triplets violates the margin: not hardness, failure
+
 def hardness_criterion(steps, # step records of an HDML run (`read_log`)
                       ) -> dict:
-    "Are the synthetic triplets harder? Epochs after the first with J(T~) > J(T), and lambda's first and last epoch means."
+    """Are the synthetic triplets harder, as the paper means it? Epochs after the first with J(T~) > J(T), lambda's first
+    and last epoch means, and whether the last epoch's synthetic triplets are nearly all unsatisfiable (they violate the
+    margin in at least `UNSATISFIABLE` of cases, where logged): harder tuples the metric can still meet, not impossible ones."""
     per = hardness_per_epoch(steps)
     later = per.iloc[1:]
     above = int((later.j_syn > later.j_real).sum()) if "j_syn" in per else 0
+    unsatisfiable = bool("viol_syn" in per and per.viol_syn.iloc[-1] >= UNSATISFIABLE)
     return dict(syn_above_real=above, epochs_after_first=len(later), lam_first=float(per.lam.iloc[0]), lam_last=float(per.lam.iloc[-1]),
-                met=bool(2 * above >= len(later) > 0 and per.lam.iloc[-1] <= per.lam.iloc[0] / 2))
+                unsatisfiable=unsatisfiable,
+                met=bool(2 * above >= len(later) > 0 and per.lam.iloc[-1] <= per.lam.iloc[0] / 2 and not unsatisfiable))
 
 def hardness_sentence(steps, # step records of an HDML run (`read_log`)
                      ) -> str:
@@ -536,4 +542,6 @@ def hardness_sentence(steps, # step records of an HDML run (`read_log`)
           f"eq. 4 at {l.d_an_hat:.2f}), against {l.d_an:.2f} for the real negatives and {l.d_ap:.2f} for the positives.")
     if "j_syn" in per: s += f" The synthetic triplets cost more than the real ones in {c['syn_above_real']} of the {c['epochs_after_first']} epochs after the first."
     if "viol_syn" in per: s += f" In epoch {e1}, {l.viol_real:.0%} of the real and {l.viol_syn:.0%} of the synthetic triplets violate the margin."
+    if c["unsatisfiable"]: s += (" Nearly every synthetic triplet is then unsatisfiable: negatives that no metric can push beyond the"
+                                 " margin are not harder examples, and a synthesis that makes them has failed, however much it costs.")
     return s
