@@ -48,6 +48,10 @@ class Knob:
         if self.integer: return IntDistribution(int(self.low), int(self.high), log=self.log)
         return FloatDistribution(self.low, self.high, log=self.log)
 
+    def all_fields(self) -> set:
+        "Every configuration field this knob can set (a `sets` knob: the fields of all its choices)."
+        return {f for c in self.sets.values() for f in c} if self.sets else {self.field}
+
     def fields(self, value) -> dict:
         "The configuration fields `value` of this knob sets."
         return dict(self.sets[value]) if self.sets else {self.field: value}
@@ -163,7 +167,7 @@ def tuning_spec(name: str, # a study with a search space: hdml, dcml, dmml, ala,
 
 def check_trial(tuning: Tuning, arm: str, cfg):
     "Refuse a trial configuration that differs from its arm in anything but the arm's knobs and the trial's length."
-    allowed = {f for k in tuning.spaces[arm] for f in ({f for c in k.sets.values() for f in c} if k.sets else (k.field,))} | {"epochs"}
+    allowed = {f for k in tuning.spaces[arm] for f in k.all_fields()} | {"epochs"}
     for k, (mine, theirs) in arm_differences(cfg, tuning.study.arms[arm]).items():
         if not _declared(k, allowed):
             raise StudyError(f"tuning {tuning.study.name!r}: a trial of {arm!r} differs from the arm in {k} ({mine!r} vs {theirs!r}), which is no knob")
@@ -554,8 +558,10 @@ def show_tuning(name: str, # a study with a search space
         rep = show_study(f"{name}/tuned", root)
         print(f"The mechanism at its tuned settings ({name}'s arm, seed 0 of the tuned study):"); show_mechanism(name, root=root)
         return rep
-    print(f"Not decided again yet: once both arms have {t.trials} trials, `dml-book tune {name} --decide` trains each arm's best "
-          "at the power rule's seeds and compares them on test.")
+    done = counted(trials).groupby("arm").size().reindex(list(t.spaces), fill_value=0)
+    print(("Both arms have their" if (done >= t.trials).all() else f"Not decided again yet: once both arms have their") +
+          f" {t.trials} trials, `dml-book tune {name} --decide` trains each arm's best at the power rule's seeds and compares them on test"
+          + ("; the tuned study is not stored yet." if (done >= t.trials).all() else "."))
 
 # %% ../nbs/11e_tune.ipynb #3fadd76d
 def best_values(tuning: Tuning, arm: str, storage) -> dict:
@@ -569,7 +575,7 @@ def tuned_study(tuning: Tuning, # the tuning whose best trials are decided
                 results="results", storage: str | None = None) -> Study:
     "The study decided again: each arm at its best trial's settings on the full schedule, under `<study>/tuned`."
     store = open_storage(storage or default_storage(results, tuning.study.name))
-    s, knobs = tuning.study, {f for sp in tuning.spaces.values() for k in sp for f in ({f for c in k.sets.values() for f in c} if k.sets else (k.field,))}
+    s, knobs = tuning.study, {f for sp in tuning.spaces.values() for k in sp for f in k.all_fields()}
     arms = {a: set_fields(s.arms[a], {f: v for k in tuning.spaces[a] for f, v in k.fields(best_values(tuning, a, store)[k.field]).items()})
             for a in tuning.spaces}
     declared = {a: (*s.declared.get(a, ()), *sorted(knobs), "run.lr") for a in arms if a != s.baseline}   # rates: the logged schedule too
