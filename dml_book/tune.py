@@ -122,7 +122,8 @@ SEARCH_SPACES = {   # study -> arm -> knobs; fixed before any trial (the page pr
                       Knob("method_kwargs.scale", 1.0, 16.0, log=True), Knob("episode", choices=tuple(_EPISODES), sets=_EPISODES))},
     "ala": {"baseline": _shared("loss_kwargs.margin", rates=(5e-4, 5e-2)),   # ALA trains with SGD (eqs. 10, 13)
             "ala": (*_shared("loss_kwargs.margin", rates=(5e-4, 5e-2)), Knob("method_kwargs.step", choices=("head", "all")),
-                    Knob("method_kwargs.meta_steps", 1, 5, integer=True), Knob("method_kwargs.assessor_lr", 1e-4, 1e-2, log=True))},
+                    Knob("method_kwargs.meta_steps", 1, 5, integer=True), Knob("method_kwargs.assessor_lr", 1e-4, 1e-2, log=True),
+                    Knob("method_kwargs.normalize_weights", choices=(True, False)))},
     "pads": {"baseline": _shared("loss_kwargs.margin"),
              "pads": (*_shared("loss_kwargs.margin"), Knob("method_kwargs.val_fraction", 0.05, 0.3),
                       Knob("method_kwargs.n_bins", choices=(10, 20, 30, 50)), Knob("method_kwargs.policy_lr", 1e-3, 1e-1, log=True),

@@ -121,12 +121,14 @@ def weighted_sum(loss_fn, # a loss built with reduction='none'
                  labels: Tensor, # (B,) integer class labels
                  indices_tuple, # the tuples to weigh, as the loss takes them
                  weights: Tensor | None = None, # (T,) per-tuple weights; None: all 1
+                 normalize: bool = True, # divide the weights by their mean (see the text); False: use them as they are
                 ) -> Tensor:
-    "The sum over the tuples of (w_i / mean w) L(T_i): eqs. (10) and (13) with weights (see the text), eq. (11) without."
+    "The sum over the tuples of (w_i / mean w) L(T_i) (or w_i L(T_i)): eqs. (10) and (13) with weights (see the text), eq. (11) without."
     out = loss_fn.compute(emb, labels, indices_tuple)
     if weights is None: return out.losses.sum()
     w = weights.to(out.losses.dtype)
-    return (w / w.mean().clamp_min(1e-12) * out.losses).sum()
+    if normalize: w = w / w.mean().clamp_min(1e-12)
+    return (w * out.losses).sum()
 
 def meta_objective(assessor: Assessor, # the tuple assessor
                    state, # the assessor's carried LSTM state
@@ -143,10 +145,11 @@ def meta_objective(assessor: Assessor, # the tuple assessor
                    val_tuples=None, # the validation tuples; None: all of the validation batch
                    buffers: dict | None = None, # the module's buffers for the functional call; None: its own
                    weight_decays=0.0, # the optimiser's weight decay in the step
+                   normalize: bool = True, # the step's weights divided by their mean (`weighted_sum`)
                   ) -> Tensor:
     "Eq. (11): the unweighted validation loss of the metric after one step (eq. 10) on the assessor-weighted training loss."
     w, _ = assessor(tuples, state)                                                           # eq. (8)
-    stepped = one_step(params, weighted_sum(loss_fn, emb, labels, indices_tuple, w), lrs, weight_decays)  # eq. (10)
+    stepped = one_step(params, weighted_sum(loss_fn, emb, labels, indices_tuple, w, normalize), lrs, weight_decays)  # eq. (10)
     val_emb = functional_call(module, {**stepped, **(buffers or {})}, (val_input,))
     return weighted_sum(loss_fn, val_emb, val_labels, val_tuples)                             # eq. (11)
 
@@ -157,13 +160,13 @@ def meta_surrogate(assessor: Assessor, state, # the tuple assessor and its carri
                    module: nn.Module, params: dict[str, Tensor], lrs, # the stepped module, its parameters, alpha
                    inputs: Tensor, # `module`'s input that gave `emb` (for the forward-mode pass)
                    val_input: Tensor, val_labels: Tensor, loss_fn, val_tuples=None, buffers: dict | None = None,
-                   weight_decays=0.0) -> tuple[Tensor, Tensor]:
+                   weight_decays=0.0, normalize: bool = True) -> tuple[Tensor, Tensor]:
     "Eq. (11)'s value and a scalar whose gradient in phi is eq. (11)'s, from first-order passes (see the text)."
     per = lambda v: [v] * len(params) if isinstance(v, (int, float)) else list(v)
     lrs, wds, bufs = per(lrs), per(weight_decays), buffers or {}
     w, _ = assessor(tuples, state)
-    w = w / w.mean().clamp_min(1e-12)                                               # the weights eq. (10) uses
-    g = torch.autograd.grad(weighted_sum(loss_fn, emb, labels, indices_tuple, w.detach()), list(params.values()),
+    if normalize: w = w / w.mean().clamp_min(1e-12)                                 # the weights eq. (10) uses
+    g = torch.autograd.grad(weighted_sum(loss_fn, emb, labels, indices_tuple, w.detach(), normalize=False), list(params.values()),
                             retain_graph=True, allow_unused=True)
     stepped = {k: (p.detach() if gk is None else (p - lr * (gk + wd * p)).detach()).requires_grad_()
                for (k, p), gk, lr, wd in zip(params.items(), g, lrs, wds)}            # theta' of eq. (10), values only
@@ -224,6 +227,7 @@ class ALA(Method):
                  hidden_size: int = 64, # units in each layer of the assessor's LSTM
                  num_layers: int = 2, # layers of the assessor's LSTM
                  input_scale: float | None = None, # multiplies the assessor's input; None: sqrt(3 hidden_size / arity)
+                 normalize_weights: bool = True, # the weights divided by their mean in each step (see the text); False: as assessed
                  assess: bool = True, # False: the paper's baseline, same episodes and tuples, every weight 1
                  disjoint: bool = True, # False: validation classes drawn from the training subset's (Table 1's "random")
                  rule: WeightRule | None = None, # with assess=False: weights by this fixed rule of hardness (the ceiling)
@@ -238,7 +242,7 @@ class ALA(Method):
         self.inner_lr, self.step, self.max_tuples = inner_lr, step, max_tuples
         self.hidden_size, self.num_layers, self.assess, self.disjoint = hidden_size, num_layers, assess, disjoint
         if input_scale is not None and not input_scale > 0: raise ValueError(f"input_scale must be > 0, got {input_scale!r}")
-        self.input_scale = input_scale
+        self.input_scale, self.normalize_weights = input_scale, bool(normalize_weights)
         if rule is not None:
             check_choice("rule", rule, get_args(WeightRule))
             if assess: raise ValueError(f"rule={rule!r} weights the tuples instead of the assessor: set assess=False")
@@ -355,7 +359,7 @@ def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor)
         lrs, wds = self._lrs(trainer, params)
         for _ in range(self.meta_steps):                # eq. (11)-(12), K times; theta' recomputed each time
             val_loss, surrogate = meta_surrogate(self.assessor, self.state, tuples, emb, y, t, module, params, lrs, inp,
-                                                 val_inp, yv, loss_fn, val_t, buffers, wds)
+                                                 val_inp, yv, loss_fn, val_t, buffers, wds, self.normalize_weights)
             self.assessor_opt.zero_grad()
             surrogate.backward(inputs=list(self.assessor.parameters()))
             self.assessor_opt.step()
@@ -365,7 +369,7 @@ def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor)
     h = tuple_hardness(emb, t)
     if self.rule is not None:                                                # the ceiling: a fixed rule, no assessor
         with torch.no_grad(): w = rule_weights(self.rule, h, loss_fn.compute(emb.detach(), y, t).losses, self.rule_temperature)
-    loss = weighted_sum(loss_fn, emb, y, t, w)                               # eq. (13): one plain step (all 1 without assessor)
+    loss = weighted_sum(loss_fn, emb, y, t, w, self.normalize_weights)      # eq. (13): one plain step (all 1 without assessor)
     trainer.backward_and_step(loss, trainer.optimizer)                      # fp16: through the trainer's scaler
     if dist.is_available() and dist.is_initialized(): self.generator.set_state(broadcast_object(self.generator.get_state()))
     w = torch.ones(len(tuples)) if w is None else w.cpu()
