@@ -169,14 +169,14 @@ def _add_tune_command(sub):
     tu.add_argument("--storage", default=None, help="an SQLAlchemy URL, e.g. postgresql://user@host/db for many machines "
                     "(default: sqlite in RESULTS/STUDY/tuning/optuna.db)")
     tu.add_argument("--results", default="results", help="the results store (default: results)")
-    tu.add_argument("--decide", action="store_true", help="then train each arm's best trial at the power rule's seeds and compare on test")
+    tu.add_argument("--decide", action="store_true", help="then train each arm's best trial at the power rule's seeds and compare on test; then fine-tuning the pretrained backbone (5 seeds)")
 
 # %% ../nbs/10_cli.ipynb #5c19d93a
 def tune_command(args, # the parsed command-line arguments
                 ) -> int:
-    "Run `dml-book tune`: the arms' trials until each has its budget, a line per arm, then (`--decide`) the tuned study."
+    "Run `dml-book tune`: the arms' trials until each has its budget, a line per arm, then (`--decide`) the tuned study, from scratch and pretrained."
     from dml_book.registry import check_choice
-    from dml_book.tune import tuning_spec, tune, tuned_study, counted, TRIALS, TRIAL_EPOCHS
+    from dml_book.tune import tuning_spec, tune, tuned_study, pretrained_tuned_study, counted, TRIALS, TRIAL_EPOCHS, PRETRAINED_TUNED_SEEDS
     t = tuning_spec(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS)
     for a in args.arm or (): check_choice("arm", a, sorted(t.spaces))
     frame = tune(t, args.results, args.storage, args.jobs, tuple(args.arm) if args.arm else None)
@@ -184,9 +184,12 @@ def tune_command(args, # the parsed command-line arguments
         best = g.loc[g.val_R1.idxmax()]
         print(f"{args.study}/{arm}: {len(g)} trials, best validation R@1 {100 * best.val_R1:.2f} (trial {best.number}): {best.params}")
     if args.decide:
-        from dml_book.study_design import run_study
-        s = tuned_study(t, args.results, args.storage)
+        from dml_book.study_design import run_study, STUDY_SEEDS
+        s = tuned_study(t, args.results, args.storage)   # from scratch, at the power rule's seeds
         print(run_study(s, args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
+        p = pretrained_tuned_study(t, args.results, args.storage)   # fine-tuning the pretrained backbone, five seeds
+        seeds = {a: STUDY_SEEDS[:PRETRAINED_TUNED_SEEDS] for a in p.arms}
+        print(run_study(p, args.results, jobs=args.jobs, seeds=seeds).groupby("variant").mean(numeric_only=True).round(4).to_string())
     return 0
 
 # %% ../nbs/10_cli.ipynb #9e172344

@@ -15,13 +15,13 @@ from .study_design import (Study, study_spec, config_fields, arm_differences, ch
                                    _relative_paths)
 
 # %% auto #0
-__all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT', 'Knob', 'set_fields',
-           'knob_values', 'Tuning', 'tuning_spec', 'check_trial', 'calibration_configs', 'calibrate_trial_length',
-           'trial_length_check', 'rank_agreement', 'default_storage', 'open_storage', 'creation_lock',
-           'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder', 'trial_origin', 'fail_stale', 'tune',
-           'trials_frame', 'write_trials', 'space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far',
-           'knob_importances', 'best_settings', 'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism',
-           'show_tuning', 'best_values', 'tuned_study']
+__all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT', 'PRETRAINED_TUNED_SEEDS',
+           'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec', 'check_trial', 'calibration_configs',
+           'calibrate_trial_length', 'trial_length_check', 'rank_agreement', 'default_storage', 'open_storage',
+           'creation_lock', 'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder', 'trial_origin',
+           'fail_stale', 'tune', 'trials_frame', 'write_trials', 'space_frame', 'read_trials', 'counted', 'best_so_far',
+           'plot_best_so_far', 'knob_importances', 'best_settings', 'tuning_progress', 'both_verdicts',
+           'tuning_sentence', 'show_mechanism', 'show_tuning', 'best_values', 'tuned_study', 'pretrained_tuned_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -581,3 +581,15 @@ def tuned_study(tuning: Tuning, # the tuning whose best trials are decided
             for a in tuning.spaces}
     declared = {a: (*s.declared.get(a, ()), *sorted(knobs), "run.lr") for a in arms if a != s.baseline}   # rates: the logged schedule too
     return Study(f"{s.name}/tuned", arms, declared, main=s.main, labels=s.labels, baseline=s.baseline, primary=s.primary)
+
+PRETRAINED_TUNED_SEEDS = 5   # the tuned arms fine-tuned from the pretrained backbone: five paired seeds
+
+def pretrained_tuned_study(tuning: Tuning, # the tuning whose best trials are decided
+                           results="results", storage: str | None = None) -> Study:
+    """The tuned study in the pretrained regime (`pretrained/<study>/tuned`): each arm at its best trial's settings,
+    fine-tuning the stored backbone with the pretrained studies' schedule and BatchNorm (`pretrained_config`). The chosen
+    regime, "same-rate", fine-tunes at the from-scratch rates, so a tuned arm keeps its own tuned rates."""
+    from dml_book.study_design import pretrained_config
+    s = tuned_study(tuning, results, storage)
+    arms = {a: replace(pretrained_config(c), lr_backbone=c.lr_backbone, lr_head=c.lr_head) for a, c in s.arms.items()}
+    return replace(s, name=f"pretrained/{s.name}", arms=arms)
