@@ -193,7 +193,7 @@ def study_report(method: str, # the method's folder under `results/`
     design = json.loads((folder/"study.json").read_text()) if (folder/"study.json").exists() else {}
     base = design.get("baseline", "baseline")
     labels = {a: d["label"] for a, d in design.get("arms", {}).items()}
-    name = lambda v: labels.get(v) or (v.upper() if v == method.split("/")[-1] else v)   # the method under its paper's name: "HDML" (also in `pretrained/hdml`)
+    name = lambda v: labels.get(v) or (v.upper() if v in method.split("/") else v)   # the method under its paper's name: "HDML" (also in `pretrained/hdml/tuned`)
     primary = design.get("primary") or PRIMARY
     reported = SECONDARY if primary == PRIMARY else PRIMARY   # a study decided on validation reports the test metric
     frame = study_frame(folder, **primary)
