@@ -6,6 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 import pytest
 from dml_book.study import read_log, reference_run
 from dml_book.study_design import study_variants
@@ -128,6 +129,10 @@ def test_dcml_sentence_from_the_log():
     for x in (f"{np.mean([row.max() for row in w[0]]):.2f} of its weight at epoch 1", f"{np.mean([row.max() for row in w[-1]]):.2f} at epoch {n}",
               f"{len(lead)} of the 4 learners", ", ".join(map(str, lead))):
         assert x in s, (x, s)
+    top = np.mean([row.max() for row in w[-1]]); selection = (top - 0.25) / 0.75   # 0: even weights, 1: one learner
+    assert f"a selection of {selection:.2f}" in s and ("barely select" in s) == (selection < 0.1)
+    even = pd.DataFrame([dict(epoch=e, compositor_weights=np.full((2, 2), 0.5).tolist()) for e in (1, 2)])   # no selection at all
+    assert "a selection of 0.00" in compositor_sentence(even) and "barely select" in compositor_sentence(even)
 
 
 def test_dmml_sentence_from_the_log():

@@ -18,9 +18,9 @@ from .base import Method, TrainerView
 import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
 
 # %% auto #0
-__all__ = ['Weighting', 'concatenate', 'Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose', 'rein_loss',
-           'ensemble_weights', 'FCComposer', 'DCML', 'learner_distances', 'epoch_weights', 'plot_compositor_weights',
-           'compositor_sentence']
+__all__ = ['Weighting', 'NEARLY_EVEN', 'concatenate', 'Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose',
+           'rein_loss', 'ensemble_weights', 'FCComposer', 'DCML', 'learner_distances', 'epoch_weights',
+           'plot_compositor_weights', 'compositor_sentence']
 
 # %% ../../nbs/22_methods.dcml.ipynb #14964b84
 def concatenate(g: torch.Tensor, # (B, K, D) sub-embeddings
@@ -350,12 +350,20 @@ def plot_compositor_weights(epochs, # epoch records of a DCML run (`read_log`) w
     return axs[0].figure
 
 # %% ../../nbs/22_methods.dcml.ipynb #840376c8
+NEARLY_EVEN = 0.1   # a selection below this at the last epoch: the compositors mix the learners almost evenly
+
 def compositor_sentence(epochs, # epoch records of a DCML run (`read_log`) with `compositor_weights`
                        ) -> str:
-    "How much weight the compositors give their strongest learner, first and last epoch, and how many learners lead one."
+    """How much weight the compositors give their strongest learner, first and last epoch, how many learners lead one,
+    and whether they select at all: the selection (top - 1/K) / (1 - 1/K) is 0 for even weights, 1 for a single learner."""
     ep, w = epoch_weights(epochs)
-    top = w.amax(-1).mean(-1)
+    top, even = w.amax(-1).mean(-1), 1 / w.shape[2]
     lead = sorted(set(w[-1].argmax(-1).tolist()))
-    return (f"On average a compositor gives its strongest learner {top[0]:.2f} of its weight at epoch {ep[0]} and {top[-1]:.2f} at "
-            f"epoch {ep[-1]} (even weights: 1/K = {1 / w.shape[2]:.2f}); at epoch {ep[-1]}, {len(lead)} of the {w.shape[2]} learners "
-            f"(learner{'s' if len(lead) > 1 else ''} {', '.join(map(str, lead))}) lead at least one of the {w.shape[1]} compositors.")
+    selection = float((top[-1] - even) / (1 - even))
+    s = (f"On average a compositor gives its strongest learner {top[0]:.2f} of its weight at epoch {ep[0]} and {top[-1]:.2f} at "
+         f"epoch {ep[-1]} (even weights: 1/K = {even:.2f}; a selection of {selection:.2f} on a scale from 0, even, to 1, one learner); "
+         f"at epoch {ep[-1]}, {len(lead)} of the {w.shape[2]} learners "
+         f"(learner{'s' if len(lead) > 1 else ''} {', '.join(map(str, lead))}) lead at least one of the {w.shape[1]} compositors.")
+    if selection < NEARLY_EVEN: s += (" The compositors barely select: they mix the learners almost evenly, so the composites are"
+                                      " close to one fixed blend of the sub-embeddings, not the learner-picking of the paper's Fig. 4.")
+    return s
