@@ -18,6 +18,8 @@ def test_comparable_ignores_what_changes_between_executions_and_nothing_else():
     out = lambda t: [{"output_type": "execute_result", "data": {"text/plain": t}, "metadata": {}, "execution_count": 3}]
     assert so.comparable(out("<Axes at 0x7f3a>  \n")) == so.comparable(out("<Axes at 0x1c2b>"))
     assert so.comparable(out("R@1 0.812")) != so.comparable(out("R@1 0.813"))
+    assert so.comparable(out("PosixPath('/work/ci/main/results/dcml')")) == so.comparable(out("PosixPath('/home/me/dml_book/results/dcml')"))
+    assert so.comparable(out("results/dcml")) != so.comparable(out("results/hdml"))   # a path's meaningful part still counts
     png = lambda b: [{"output_type": "display_data", "data": {"image/png": b, "text/plain": "<Figure>"}, "metadata": {}}]
     assert so.comparable(png("AAAA")) == so.comparable(png("BBBB")) != so.comparable([])
     assert so.comparable([{"output_type": "stream", "name": "stdout", "text": ["a\n", "b\n"]}]) == [("stdout", "a\nb")]

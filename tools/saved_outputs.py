@@ -42,6 +42,7 @@ def _text(v) -> str:
 
 _VOLATILE = [(re.compile(r" at 0x[0-9a-f]+"), " at 0x…"),            # object addresses in a repr
              (re.compile(r"T_[0-9a-f]{5}(_)"), r"T_…\1"),             # a pandas Styler's random table id
+             (re.compile(r"(?<![\w.])/[^\s'\"]*?/(?=(?:results|nbs|tests)/)"), "…/"),   # the clone's absolute path
              (re.compile(r"[ \t]+$", re.M), "")]
 
 def comparable(outputs: list) -> list[tuple]:
