@@ -47,8 +47,13 @@ _VOLATILE = [(re.compile(r" at 0x[0-9a-f]+"), " at 0x…"),            # object 
 
 def comparable(outputs: list) -> list[tuple]:
     "What a reader sees in a cell's outputs, comparable between two executions: texts (normalised) and which figures."
-    out = []
+    merged = []   # consecutive prints to one stream are one text, however the kernel happened to flush them
     for o in outputs:
+        if o["output_type"] == "stream" and merged and merged[-1]["output_type"] == "stream" and merged[-1]["name"] == o["name"]:
+            merged[-1] = {**merged[-1], "text": _text(merged[-1]["text"]) + _text(o["text"])}
+        else: merged.append(o)
+    out = []
+    for o in merged:
         kind = o["output_type"]
         if kind == "stream": items = [(o["name"], _text(o["text"]))]
         elif kind == "error": items = [("error", f"{o['ename']}: {o['evalue']}")]
