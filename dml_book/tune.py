@@ -19,9 +19,10 @@ __all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATIO
            'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec', 'check_trial', 'calibration_configs',
            'calibrate_trial_length', 'trial_length_check', 'rank_agreement', 'default_storage', 'open_storage',
            'creation_lock', 'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder', 'trial_origin',
-           'fail_stale', 'tune', 'trials_frame', 'write_trials', 'space_frame', 'read_trials', 'counted', 'best_so_far',
-           'plot_best_so_far', 'knob_importances', 'best_settings', 'tuning_progress', 'both_verdicts',
-           'tuning_sentence', 'show_mechanism', 'show_tuning', 'best_values', 'tuned_study', 'pretrained_tuned_study']
+           'fail_stale', 'claim', 'beating', 'run_one', 'recover_finished', 'tune', 'trials_frame', 'write_trials',
+           'space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far', 'knob_importances',
+           'best_settings', 'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism', 'show_tuning',
+           'best_values', 'tuned_study', 'pretrained_tuned_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -321,12 +322,75 @@ def _counts(study) -> tuple[int, int]:
     done = {trial_origin(t) for t in ts if t.state == TrialState.COMPLETE}
     return len(done), len({trial_origin(t) for t in ts} - done)
 
+def _waiting(study) -> bool:
+    "Whether a trial waits to be run (the enqueued first, or a retry): its arm stays open, whatever the budget's count."
+    from optuna.trial import TrialState
+    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
 def fail_stale(studies, url: str):
     """Fail the trials whose process died, and enqueue each one's retry, one process at a time: on SQLite (no row locks)
     two processes could otherwise both fail the same trial and both enqueue its retry."""
     from optuna.storages import fail_stale_trials
     with creation_lock(url):
         for s in studies: fail_stale_trials(s)
+
+def claim(study, url: str):
+    """The next trial of `study` for this process: a waiting one (the enqueued first, a retry) or a new one, claimed
+    under the study's file lock. On SQLite two processes could otherwise both claim one waiting trial: seen on a GPU
+    with seven processes, where the loser failed the winner's trial and its result was lost."""
+    import warnings
+    with creation_lock(url), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage")   # `beating` records them, as `optimize` would
+        return study.ask()
+
+@contextmanager
+def beating(storage, trial_id: int, every: int):
+    "Record a running trial's heartbeat every `every` seconds while the block runs (as `Study.optimize` does)."
+    import threading
+    stop = threading.Event()
+    def beat():
+        while True:
+            storage.record_heartbeat(trial_id)
+            if stop.wait(every): return
+    thread = threading.Thread(target=beat, daemon=True); thread.start()
+    try: yield
+    finally: stop.set(); thread.join()
+
+def run_one(study, objective, url: str, heartbeat: int):
+    "Claim a trial (`claim`), run `objective` on it with heartbeats, and tell its end; the finished trial. An error fails the trial and is raised."
+    import optuna
+    from optuna.trial import TrialState
+    trial = claim(study, url)
+    with beating(study._storage, trial._trial_id, heartbeat):
+        try: value, state = objective(trial), TrialState.COMPLETE
+        except optuna.TrialPruned: value, state = None, TrialState.PRUNED
+        except BaseException: study.tell(trial, state=TrialState.FAIL); raise
+    return study.tell(trial, value, state=state)
+
+def recover_finished(study, # one arm's Optuna study
+                     folder: Path, # the arm's trial folders (`results/<study>/tuning/<arm>`)
+                     epochs: int, # a trial's epochs
+                    ) -> list[int]:
+    """Tell again, as complete, each failed trial whose run had finished: its folder holds the `metrics.json` of all
+    `epochs` epochs and the `run.json` that `run_trial` writes last. Before `claim` took the lock, a second process
+    could claim a running trial and fail it, losing the first one's result. The recovered trial retries the failed
+    one (its origin), so it counts as that setting, in the order it was drawn. The numbers of the trials recovered."""
+    import optuna
+    from optuna.trial import TrialState
+    trials = study.get_trials(deepcopy=False)
+    complete = {trial_origin(t) for t in trials if t.state == TrialState.COMPLETE}
+    recovered = []
+    for t in trials:
+        f = Path(folder)/f"trial{trial_origin(t)}"
+        if t.state != TrialState.FAIL or trial_origin(t) in complete or not (f/"run.json").is_file(): continue
+        metrics = json.loads((f/"metrics.json").read_text())
+        if (metrics.get("epochs") or [{}])[-1].get("epoch") != epochs: continue
+        study.add_trial(optuna.trial.create_trial(
+            params=t.params, distributions=t.distributions, value=metrics["final"]["val_R@1"],
+            user_attrs={**t.user_attrs, "cpu_seconds": json.loads((f/"run.json").read_text())["cpu_seconds"], "recovered": True},
+            system_attrs={"failed_trial": trial_origin(t)}))
+        complete.add(trial_origin(t)); recovered.append(trial_origin(t))
+    return recovered
 
 def _say(line: str): print(line, flush=True)   # a line per trial, at once, also into a log file
 
@@ -338,14 +402,13 @@ def _work(tuning: Tuning, arms: tuple, url: str, root: str, threads: int, heartb
         fail_stale(studies.values(), url)
         counts = {a: _counts(s) for a, s in studies.items()}
         if all(done >= tuning.trials for done, _ in counts.values()): return ran
-        open_arms = [a for a, (done, busy) in counts.items() if done + busy < tuning.trials]
+        open_arms = [a for a, (done, busy) in counts.items() if done + busy < tuning.trials or _waiting(studies[a])]
         if not open_arms: time.sleep(min(heartbeat, 30)); continue   # the last trials run elsewhere (or died: failed after the grace)
         arm = min(open_arms, key=lambda a: sum(counts[a]))
-        mine = []   # the trial this process ran (another process's may be the study's last)
-        studies[arm].optimize(_objective(tuning, arm, Path(root), threads), n_trials=1, callbacks=[lambda s, t: mine.append(t)])
+        t = run_one(studies[arm], _objective(tuning, arm, Path(root), threads), url, heartbeat)
         ran += 1
-        write_trials(studies[arm], Path(root)/arm/"trials.csv")
-        for t in mine: log(f"{tuning.study.name}/{arm}: trial {t.number} {t.state.name}, validation R@1 {t.value}")
+        write_trials(studies[arm], Path(root)/arm/"trials.csv", tuning.trials)
+        log(f"{tuning.study.name}/{arm}: trial {t.number} {t.state.name}, validation R@1 {t.value}")
 
 def tune(tuning: Tuning, # what to tune (`tuning_spec`)
          results="results", # the results store: trials go to `results/<study>/tuning/<arm>/`
@@ -360,31 +423,38 @@ def tune(tuning: Tuning, # what to tune (`tuning_spec`)
     arms = tuple(arms or tuning.spaces); check_arms(replace(tuning.study, arms={a: tuning.study.arms[a] for a in {tuning.study.baseline, *arms}}))
     root = Path(results)/tuning.study.name/"tuning"; url = storage or default_storage(results, tuning.study.name)
     threads = _threads(jobs)
+    store = open_storage(url, heartbeat); studies = {a: optuna_study(tuning, a, store) for a in arms}
+    with creation_lock(url):   # results a race lost (see `claim`), from the trials' own folders; one process at a time
+        for a, s in studies.items(): recover_finished(s, root/a, tuning.epochs)
     if jobs == 1: _work(tuning, arms, url, str(root), threads, heartbeat, log)
     else:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             for f in [pool.submit(_work, tuning, arms, url, str(root), threads, heartbeat) for _ in range(jobs)]: f.result()
     storage_ = open_storage(url, heartbeat)
-    for a in arms: write_trials(optuna_study(tuning, a, storage_), root/a/"trials.csv")
+    for a in arms: write_trials(optuna_study(tuning, a, storage_), root/a/"trials.csv", tuning.trials)
     return pd.concat({a: pd.read_csv(root/a/"trials.csv") for a in arms}, names=["arm"]).reset_index(level=0)
 
 # %% ../nbs/11e_tune.ipynb #d812e0f1
-def trials_frame(study) -> pd.DataFrame:
+def trials_frame(study, budget: int | None = None, # the arm's budget: its first `budget` settings count (None: all)
+                ) -> pd.DataFrame:
     """One row per trial of an Optuna study: number, state, validation R@1, params (JSON), CPU seconds, the trial it
-    retries, and whether it counts towards the budget (the first complete try of its settings)."""
+    retries, and whether it counts towards the budget: the first complete try of one of the first `budget` settings,
+    in the order they were drawn (a setting is drawn as the trial its retries name)."""
     trials, seen, rows = study.get_trials(deepcopy=False), set(), []
+    complete = sorted({trial_origin(t) for t in trials if t.state.name == "COMPLETE"})
+    within = set(complete[:budget] if budget is not None else complete)
     for t in trials:
-        counted = t.state.name == "COMPLETE" and trial_origin(t) not in seen
+        counted = t.state.name == "COMPLETE" and trial_origin(t) in within and trial_origin(t) not in seen
         if counted: seen.add(trial_origin(t))
         rows.append(dict(number=t.number, state=t.state.name, val_R1=t.value, params=json.dumps(t.params, sort_keys=True),
                          cpu_seconds=t.user_attrs.get("cpu_seconds"), retry_of=t.system_attrs.get("failed_trial"),
                          first=bool(t.user_attrs.get("first")), diverged=t.user_attrs.get("diverged"), counted=counted))
     return pd.DataFrame(rows, columns=["number", "state", "val_R1", "params", "cpu_seconds", "retry_of", "first", "diverged", "counted"])
 
-def write_trials(study, path: Path):
-    "Write `trials_frame(study)` to `path` (whole file, renamed into place)."
+def write_trials(study, path: Path, budget: int | None = None):
+    "Write `trials_frame(study, budget)` to `path` (whole file, renamed into place)."
     from dml_book.files import write_text
-    path.parent.mkdir(parents=True, exist_ok=True); write_text(path, trials_frame(study).to_csv(index=False))
+    path.parent.mkdir(parents=True, exist_ok=True); write_text(path, trials_frame(study, budget).to_csv(index=False))
 
 # %% ../nbs/11e_tune.ipynb #9dd03ff1
 def space_frame(tuning: Tuning) -> pd.DataFrame:
@@ -567,10 +637,11 @@ def show_tuning(name: str, # a study with a search space
 # %% ../nbs/11e_tune.ipynb #3fadd76d
 def best_values(tuning: Tuning, arm: str, storage) -> dict:
     "The knobs' values of the arm's best complete trial (highest validation R@1; the earlier on a tie)."
-    from optuna.trial import TrialState
-    done = optuna_study(tuning, arm, storage).get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    if not done: raise StudyError(f"tuning {tuning.study.name!r}: arm {arm!r} has no complete trial yet; run `dml-book tune {tuning.study.name}`")
-    return max(done, key=lambda t: (t.value, -t.number)).params
+    study = optuna_study(tuning, arm, storage)
+    frame = trials_frame(study, tuning.trials); done = frame[frame.counted]
+    if done.empty: raise StudyError(f"tuning {tuning.study.name!r}: arm {arm!r} has no complete trial yet; run `dml-book tune {tuning.study.name}`")
+    best = done.sort_values(["val_R1", "number"], ascending=[False, True]).number.iloc[0]
+    return study.get_trials(deepcopy=False)[best].params
 
 def tuned_study(tuning: Tuning, # the tuning whose best trials are decided
                 results="results", storage: str | None = None) -> Study:

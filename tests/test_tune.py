@@ -164,3 +164,60 @@ def test_stored_runs_still_read_as_their_configuration():
         for arm, cfg in study.arms.items():
             f = root/name/arm/"seed0"/"metrics.json"
             assert f.is_file() and _same_config(f, replace(cfg, seed=0, out=str(f.parent))), (name, arm)
+
+CLAIM = textwrap.dedent("""
+    import json, time, optuna
+    from optuna.storages import RDBStorage
+    from dml_book import tune as T
+    check = RDBStorage.check_trial_is_updatable
+    def paused(self, trial_id, state):   # a process paused between reading a waiting trial's state and claiming it
+        check(self, trial_id, state); time.sleep(0.3)
+    RDBStorage.check_trial_is_updatable = paused
+    study = optuna.load_study(study_name="tiny/baseline", storage=T.open_storage({url!r}, heartbeat=60))
+    while time.time() < {start}: time.sleep(0.001)   # every process at once
+    trial = {claim}
+    print(json.dumps(dict(number=trial.number, waiting=trial.number == 0)))
+""")
+
+def _claims(tmp_path, claim: str, processes=4) -> list[dict]:
+    url = T.default_storage(tmp_path, "tiny")
+    T.optuna_study(tiny_tuning(), "baseline", T.open_storage(url))   # created with its first trial waiting
+    start = time.time() + 20   # after every process has imported (seconds on a loaded machine)
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIM.format(url=url, start=start, claim=claim)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(processes)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+@pytest.mark.slow
+def test_one_process_claims_a_waiting_trial(tmp_path):
+    "Four processes ask for a trial at once while one waits (the enqueued first): one of them gets it, each a trial of its own."
+    claims = _claims(tmp_path, "T.claim(study, " + repr(T.default_storage(tmp_path, "tiny")) + ")")
+    assert sum(c["waiting"] for c in claims) == 1, claims
+    assert len({c["number"] for c in claims}) == 4, claims
+
+def _finished(folder: Path, epochs: int, value: float):
+    "A trial folder as `run_trial` leaves it when the run ended (run.json is written last)."
+    folder.mkdir(parents=True)
+    (folder/"metrics.json").write_text(json.dumps({"epochs": [{"epoch": e} for e in range(epochs + 1)], "final": {"val_R@1": value}}))
+    (folder/"run.json").write_text(json.dumps({"cpu_seconds": 12.5}))
+
+def test_a_finished_run_failed_by_a_race_is_recovered_and_the_budget_keeps_its_first_settings(tmp_path):
+    "A failed trial whose run finished is told again from its folder, as the setting drawn first; a setting drawn past the budget does not count."
+    import optuna
+    tuning = tiny_tuning(trials=3); url = T.default_storage(tmp_path, "tiny")
+    study = T.optuna_study(tuning, "baseline", T.open_storage(url)); root = tmp_path/"tiny"/"tuning"/"baseline"
+    knob = tuning.spaces["baseline"][0]
+    for n, (value, state) in enumerate([(None, "FAIL"), (0.3, "COMPLETE"), (None, "FAIL"), (0.4, "COMPLETE"), (0.2, "COMPLETE"), (0.9, "COMPLETE")]):
+        t = study.ask(); knob.suggest(t); study.tell(t, value, state=optuna.trial.TrialState[state])
+    _finished(root/"trial0", tuning.epochs, 0.6)   # trial 0 finished: a second process failed it
+    _finished(root/"trial2", tuning.epochs - 1, 0.8); (root/"trial2"/"run.json").unlink()   # trial 2 was killed: not finished
+    assert T.recover_finished(study, root, tuning.epochs) == [0]
+    assert T.recover_finished(study, root, tuning.epochs) == []   # once
+    frame = T.trials_frame(study, budget=tuning.trials)
+    recovered = frame[frame.retry_of == 0]
+    assert recovered.state.tolist() == ["COMPLETE"] and recovered.val_R1.tolist() == [0.6] and recovered["first"].all()
+    assert recovered.cpu_seconds.tolist() == [12.5]
+    assert json.loads(recovered.params.iloc[0]) == T.Tuning.first(tuning, "baseline")
+    assert sorted(frame[frame.counted].number) == [1, 3, 6]   # settings 0 (its recovery, trial 6), 1 and 3: the first three drawn
+    assert T.best_values(tuning, "baseline", T.open_storage(url)) == study.trials[0].params   # 0.6 best of the counted; 0.9 (trial 5) is past the budget
