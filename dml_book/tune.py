@@ -21,8 +21,8 @@ __all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATIO
            'creation_lock', 'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder', 'trial_origin',
            'fail_stale', 'claim', 'beating', 'run_one', 'recover_finished', 'tune', 'trials_frame', 'write_trials',
            'space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far', 'knob_importances',
-           'best_settings', 'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism', 'show_tuning',
-           'best_values', 'tuned_study', 'pretrained_tuned_study']
+           'best_settings', 'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism', 'where_trials_ran',
+           'show_tuning', 'best_values', 'tuned_study', 'pretrained_tuned_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -267,7 +267,8 @@ def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
     cpu = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
     c0, out = cpu(), Path(cfg.out)
     trainer = ValidationTrainer(cfg); final = trainer.fit()
-    (out/"run.json").write_text(json.dumps(dict(cpu_seconds=round(cpu() - c0, 1), threads=threads, device=str(trainer.device))))
+    gpu = torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None
+    (out/"run.json").write_text(json.dumps(dict(cpu_seconds=round(cpu() - c0, 1), threads=threads, device=str(trainer.device), gpu=gpu)))
     for f in out.iterdir():
         if f.name not in _KEEP: f.unlink()
     if results is not None: _relative_paths(out, Path(results), cfg.weights_path)
@@ -600,6 +601,20 @@ def show_mechanism(name: str, # a method (its study's main arm has its name)
     print(*said, sep="\n")
     return said
 
+def where_trials_ran(name: str, # a study with stored trials
+                     root=None, # the results store (default: `results_dir()`)
+                    ) -> str:
+    "Where a study's stored trials trained, each device and number format with its count: 'NVIDIA H200 in bf16 (82 trials)'."
+    from collections import Counter
+    from dml_book.results import results_dir
+    from dml_book.study import where_ran
+    root = results_dir() if root is None else Path(root); seen = Counter()
+    for f in sorted((root/name/"tuning").glob("*/trial*/metrics.json")):
+        m = json.loads(f.read_text()); device = where_ran(f.parent) or "an unrecorded device"
+        if device.startswith("cuda"): device = (m.get("environment") or {}).get("cuda") or device   # trials stored before run.json named the GPU
+        seen[f"{device} in {m['run']['precision']}"] += 1
+    return ", ".join(f"{k} ({v} trial{'s' * (v != 1)})" for k, v in seen.items()) or "nothing yet"
+
 def show_tuning(name: str, # a study with a search space
                 root=None, # the results store (default: this clone's `results/`)
                ):
@@ -616,6 +631,7 @@ def show_tuning(name: str, # a study with a search space
     if trials is None: print(f"No trials stored under results/{name}/tuning/ yet: `dml-book tune {name}` runs them."); return None
     print("Trials so far per arm (validation R@1 in points; the first trial is the arm's setting in the study):")
     display(tuning_progress(trials, t.trials))
+    print(f"Where the trials trained: {where_trials_ran(name, root)}. Every trial of a study on one kind of device.")
     print("The best trial's settings beside the first trial's (the study's own: the paper's, for the method's arm):")
     display(best_settings(t, trials))
     imp = knob_importances(t, trials)

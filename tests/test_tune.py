@@ -221,3 +221,15 @@ def test_a_finished_run_failed_by_a_race_is_recovered_and_the_budget_keeps_its_f
     assert json.loads(recovered.params.iloc[0]) == T.Tuning.first(tuning, "baseline")
     assert sorted(frame[frame.counted].number) == [1, 3, 6]   # settings 0 (its recovery, trial 6), 1 and 3: the first three drawn
     assert T.best_values(tuning, "baseline", T.open_storage(url)) == study.trials[0].params   # 0.6 best of the counted; 0.9 (trial 5) is past the budget
+
+def test_where_trials_ran_names_each_device_and_format(tmp_path):
+    "The tuning page says where the trials trained: the GPU's name (from run.json, or from metrics.json before run.json named it) and the number format."
+    def trial(arm, n, run, env, precision):
+        f = tmp_path/"s"/"tuning"/arm/f"trial{n}"; f.mkdir(parents=True)
+        (f/"run.json").write_text(json.dumps(run))
+        (f/"metrics.json").write_text(json.dumps({"environment": {"cuda": env}, "run": {"precision": precision}}))
+    trial("a", 0, {"device": "cuda:0"}, "NVIDIA H200", "bf16")
+    trial("b", 0, {"device": "cuda:0", "gpu": "NVIDIA H100 80GB HBM3"}, "NVIDIA H100 80GB HBM3", "bf16")
+    trial("b", 1, {"device": "cpu"}, None, "fp32"); trial("b", 2, {"device": "cpu"}, None, "fp32")
+    assert T.where_trials_ran("s", tmp_path) == "NVIDIA H200 in bf16 (1 trial), NVIDIA H100 80GB HBM3 in bf16 (1 trial), the CPU in fp32 (2 trials)"
+    assert T.where_trials_ran("none", tmp_path) == "nothing yet"
