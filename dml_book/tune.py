@@ -555,6 +555,7 @@ def tuning_sentence(name: str, # a method with a search space
     trials = read_trials(root, name)
     if tuned is None:
         n = 0 if trials is None else counted(trials).groupby("arm").size().min()
+        if n >= TRIALS: return said + f"; tuned alike, both arms have their {TRIALS} trials, but the tuned study is not stored yet."
         return said + f"; tuned alike it is not decided yet ({n} of {TRIALS} trials per arm stored)."
     change = "did not change the verdict" if tuned["decided"] == own["decided"] else "changed the verdict"
     said += f"; tuned alike it is {_AGAINST[tuned['decided']]} ({finding_text(tuned)}): tuning {change}."
