@@ -316,17 +316,13 @@ def _rank(trial) -> int:
     return len({trial_origin(t) for t in trial.study.get_trials(deepcopy=False, states=live) if t.number < trial.number} - {mine})
 
 # %% ../nbs/11e_tune.ipynb #30ed8ff6
-def _counts(study) -> tuple[int, int]:
-    "(settings complete, settings running or waiting): a trial and its retries are one setting."
+def _counts(study) -> tuple[int, int, bool]:
+    """(settings complete, settings running or waiting, whether a trial waits to be run): a trial and its retries are
+    one setting. A waiting trial (the enqueued first, or a retry) keeps its arm open, whatever the budget's count."""
     from optuna.trial import TrialState
     ts = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING, TrialState.WAITING))
     done = {trial_origin(t) for t in ts if t.state == TrialState.COMPLETE}
-    return len(done), len({trial_origin(t) for t in ts} - done)
-
-def _waiting(study) -> bool:
-    "Whether a trial waits to be run (the enqueued first, or a retry): its arm stays open, whatever the budget's count."
-    from optuna.trial import TrialState
-    return bool(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+    return len(done), len({trial_origin(t) for t in ts} - done), any(t.state == TrialState.WAITING for t in ts)
 
 def fail_stale(studies, url: str):
     """Fail the trials whose process died, and enqueue each one's retry, one process at a time: on SQLite (no row locks)
@@ -402,10 +398,10 @@ def _work(tuning: Tuning, arms: tuple, url: str, root: str, threads: int, heartb
     while True:
         fail_stale(studies.values(), url)
         counts = {a: _counts(s) for a, s in studies.items()}
-        if all(done >= tuning.trials for done, _ in counts.values()): return ran
-        open_arms = [a for a, (done, busy) in counts.items() if done + busy < tuning.trials or _waiting(studies[a])]
+        if all(done >= tuning.trials for done, _, _ in counts.values()): return ran
+        open_arms = [a for a, (done, busy, waiting) in counts.items() if done + busy < tuning.trials or waiting]
         if not open_arms: time.sleep(min(heartbeat, 30)); continue   # the last trials run elsewhere (or died: failed after the grace)
-        arm = min(open_arms, key=lambda a: sum(counts[a]))
+        arm = min(open_arms, key=lambda a: sum(counts[a][:2]))
         t = run_one(studies[arm], _objective(tuning, arm, Path(root), threads), url, heartbeat)
         ran += 1
         write_trials(studies[arm], Path(root)/arm/"trials.csv", tuning.trials)
@@ -431,8 +427,7 @@ def tune(tuning: Tuning, # what to tune (`tuning_spec`)
     else:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             for f in [pool.submit(_work, tuning, arms, url, str(root), threads, heartbeat) for _ in range(jobs)]: f.result()
-    storage_ = open_storage(url, heartbeat)
-    for a in arms: write_trials(optuna_study(tuning, a, storage_), root/a/"trials.csv", tuning.trials)
+    for a, s in studies.items(): write_trials(s, root/a/"trials.csv", tuning.trials)   # every process's trials: the storage is read afresh
     return pd.concat({a: pd.read_csv(root/a/"trials.csv") for a in arms}, names=["arm"]).reset_index(level=0)
 
 # %% ../nbs/11e_tune.ipynb #d812e0f1
@@ -572,33 +567,17 @@ def show_mechanism(name: str, # a method (its study's main arm has its name)
                    root=None, # the results store (default: `results_dir()`)
                   ):
     """The method's own diagnostic on a study's reference run (seed 0 of the method's arm): the figure and the sentences
-    its chapter draws for the stored study, here for the arm at its tuned settings. None where no log is stored."""
-    import inspect
+    its chapter draws for the stored study (`Method.diagnose`), here for the arm at its tuned settings. None where no
+    log is stored."""
+    import dml_book.methods  # noqa: F401  (fills the registry)
+    from dml_book.registry import METHODS
     from dml_book.results import results_dir, load_run
     from dml_book.study import reference_run
     root = results_dir() if root is None else Path(root); study = study or f"{name}/tuned"
     ref = reference_run(name, root, study=study)
     if ref is None: print(f"No reference run of {study} is stored yet ({study}/{name}/seed0/log.jsonl)."); return None
     steps, epochs = ref
-    kw = load_run(root/study/name/"seed0")["config"]["method_kwargs"]
-    if name == "ala":
-        from dml_book.methods.ala import plot_assessment, assessment_sentence
-        plot_assessment(steps, epochs); said = [assessment_sentence(steps, epochs)]
-    elif name == "dcml":
-        from dml_book.methods.dcml import plot_compositor_weights, compositor_sentence
-        plot_compositor_weights(epochs); said = [compositor_sentence(epochs)]
-    elif name == "dmml":
-        from dml_book.methods.dmml import DMML, plot_set_distances, set_distance_sentence
-        tau = kw.get("margin", inspect.signature(DMML).parameters["margin"].default)   # tau of eq. (7)
-        plot_set_distances(steps, tau); said = [set_distance_sentence(steps, tau)]
-    elif name == "hdml":
-        from dml_book.methods.hdml import plot_hardness, hardness_sentence
-        plot_hardness(steps); said = [hardness_sentence(steps)]
-    elif name == "pads":
-        from dml_book.methods.pads import PADS, plot_policy_run, distribution_sentence, critic_sentence, signal_sentence
-        edges = PADS(**kw).distribution.edges   # the run's own bins (their number is tuned)
-        plot_policy_run(steps, edges); said = [distribution_sentence(epochs, edges), critic_sentence(steps), signal_sentence(steps, edges)]
-    else: raise StudyError(f"no diagnostic for method {name!r}: one of ala, dcml, dmml, hdml, pads")
+    said = METHODS.get(name).diagnose(steps, epochs, load_run(root/study/name/"seed0")["config"]["method_kwargs"])
     print(*said, sep="\n")
     return said
 

@@ -108,7 +108,14 @@ def test_killed_tuning_resumes_without_losing_or_repeating_a_trial(tmp_path):
     m = json.loads((folder/"metrics.json").read_text())
     assert [r["epoch"] for r in m["epochs"]] == list(range(7)) and epochs_done >= 1   # resumed: every epoch once, from the checkpoint
 
+def barrier(folder: str, n: int):
+    "Wait until `n` processes have reached this line (each leaves a file in `folder`): after their imports, they race at once."
+    Path(folder).mkdir(exist_ok=True); (Path(folder)/str(os.getpid())).touch()
+    while len(list(Path(folder).iterdir())) < n: time.sleep(0.001)
+
 STALE = textwrap.dedent("""
+    import sys; sys.path.insert(0, {tests!r})
+    from test_tune import barrier
     import time, optuna
     from optuna.storages import RDBStorage
     from dml_book import tune as T
@@ -118,7 +125,7 @@ STALE = textwrap.dedent("""
     RDBStorage.check_trial_is_updatable = paused
     storage = T.open_storage({url!r}, heartbeat=1)
     study = optuna.load_study(study_name="tiny/baseline", storage=storage)
-    while time.time() < {start}: time.sleep(0.001)   # both processes at once
+    barrier({ready!r}, 2)   # both processes at once
     T.fail_stale([study], {url!r})
 """)
 
@@ -131,8 +138,7 @@ def test_two_processes_failing_stale_trials_retry_each_once(tmp_path):
     killed = [study.ask() for _ in range(4)]
     for t in killed: study._storage.record_heartbeat(t._trial_id)
     time.sleep(3.5)   # past the grace period: every one of them is stale
-    start = time.time() + 20   # after both have imported (seconds on a loaded machine)
-    procs = [subprocess.Popen([sys.executable, "-c", STALE.format(url=url, start=start)],
+    procs = [subprocess.Popen([sys.executable, "-c", STALE.format(tests=str(Path(__file__).parent), url=url, ready=str(tmp_path/"ready"))],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
@@ -149,8 +155,10 @@ def test_a_trial_retried_twice_counts_once():
         t = study.ask()
         if retry_of is not None: study._storage.set_trial_system_attr(t._trial_id, "failed_trial", retry_of)
         study.tell(t, value, state=optuna.trial.TrialState.FAIL if value is None else None)
-    assert T._counts(study) == (3, 0)
+    assert T._counts(study) == (3, 0, False)
     frame = T.trials_frame(study)
+    waiting = optuna.create_study(direction="maximize"); waiting.enqueue_trial({})   # a waiting trial: one more setting, its arm open
+    assert T._counts(waiting) == (0, 1, True)
     assert frame.counted.tolist() == [True, False, True, False, True] and frame.retry_of.tolist()[2:4] == [1, 1]
     progress = T.tuning_progress(frame.assign(arm="a"), budget=3)
     assert progress.loc["a", "complete"] == 3 and progress.loc["a", "best_val_R1"] == 70.0
@@ -166,6 +174,8 @@ def test_stored_runs_still_read_as_their_configuration():
             assert f.is_file() and _same_config(f, replace(cfg, seed=0, out=str(f.parent))), (name, arm)
 
 CLAIM = textwrap.dedent("""
+    import sys; sys.path.insert(0, {tests!r})
+    from test_tune import barrier
     import json, time, optuna
     from optuna.storages import RDBStorage
     from dml_book import tune as T
@@ -174,7 +184,7 @@ CLAIM = textwrap.dedent("""
         check(self, trial_id, state); time.sleep(0.3)
     RDBStorage.check_trial_is_updatable = paused
     study = optuna.load_study(study_name="tiny/baseline", storage=T.open_storage({url!r}, heartbeat=60))
-    while time.time() < {start}: time.sleep(0.001)   # every process at once
+    barrier({ready!r}, {processes})   # every process at once
     trial = {claim}
     print(json.dumps(dict(number=trial.number, waiting=trial.number == 0)))
 """)
@@ -182,8 +192,7 @@ CLAIM = textwrap.dedent("""
 def _claims(tmp_path, claim: str, processes=4) -> list[dict]:
     url = T.default_storage(tmp_path, "tiny")
     T.optuna_study(tiny_tuning(), "baseline", T.open_storage(url))   # created with its first trial waiting
-    start = time.time() + 20   # after every process has imported (seconds on a loaded machine)
-    procs = [subprocess.Popen([sys.executable, "-c", CLAIM.format(url=url, start=start, claim=claim)],
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIM.format(tests=str(Path(__file__).parent), url=url, ready=str(tmp_path/"ready"), processes=processes, claim=claim)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(processes)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs

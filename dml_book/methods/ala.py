@@ -437,6 +437,12 @@ def assessment_sentence(steps, # step records of an ALA run (`read_log`)
             f"{spread.iloc[-1]:.3f} (epoch {spread.index[-1]}); their correlation with hardness goes from {c.iloc[0]:+.2f} at "
             f"epoch {c.index[0]} to {c.iloc[-1]:+.2f} at epoch {c.index[-1]}, and lies between {c.min():+.2f} and {c.max():+.2f} over the run.")
 
+# %% ../../nbs/20_methods.ala.ipynb #42b45f32
+@patch(cls_method=True)
+def diagnose(cls: ALA, steps, epochs, method_kwargs) -> list[str]:
+    "The assessor's weights over training (`plot_assessment`) and their sentence: `Method.diagnose` for ALA."
+    plot_assessment(steps, epochs); return [assessment_sentence(steps, epochs)]
+
 # %% ../../nbs/20_methods.ala.ipynb #15dbef55
 def plot_weight_analysis(steps, # step records of an ALA run (`read_log`): `weight_std`, `weight_mean`, `awh`, ...
                          axs=None, # four matplotlib axes (a new figure if None)

@@ -84,6 +84,15 @@ class Method(nn.Module):
         ps = [p for p in self.parameters() if p.requires_grad]
         return [{"params": ps, "lr": trainer.cfg.lr_head, "name": type(self).__name__}] if ps else []
 
+    @classmethod
+    def diagnose(cls,
+                 steps: list[dict], # a stored run's step records (`read_log`)
+                 epochs: list[dict], # its epoch records
+                 method_kwargs: dict, # its `TrainConfig.method_kwargs`
+                ) -> list[str]:
+        "Draw the method's mechanism from a stored run's log; the sentences that read it (the chapters' results, `show_mechanism`)."
+        raise NotImplementedError(f"{cls.__name__} draws no diagnostic of its mechanism")
+
 # %% ../../nbs/08a_methods.base.ipynb #257730f7
 @patch
 def tuples(self: Method, trainer: TrainerView, # the run

@@ -367,3 +367,9 @@ def compositor_sentence(epochs, # epoch records of a DCML run (`read_log`) with 
     if selection < NEARLY_EVEN: s += (" The compositors barely select: they mix the learners almost evenly, so the composites are"
                                       " close to one fixed blend of the sub-embeddings, not the learner-picking of the paper's Fig. 4.")
     return s
+
+# %% ../../nbs/22_methods.dcml.ipynb #3f143208
+@patch(cls_method=True)
+def diagnose(cls: DCML, steps, epochs, method_kwargs) -> list[str]:
+    "The compositors' weights over the learners (`plot_compositor_weights`) and their sentence: `Method.diagnose` for DCML."
+    plot_compositor_weights(epochs); return [compositor_sentence(epochs)]

@@ -321,6 +321,14 @@ def set_distance_sentence(steps, # step records of a DMML run (`read_log`): `d_p
                          f"(a gap of {(r.d_neg - r.d_pos) / margin:.1f} margins, episode accuracy {r.episode_acc:.2f})")
     return f"Mean set distances go from {part(f, per.index[0])} to {part(l, per.index[-1])}."
 
+# %% ../../nbs/24_methods.dmml.ipynb #dd836760
+@patch(cls_method=True)
+def diagnose(cls: DMML, steps, epochs, method_kwargs) -> list[str]:
+    "The positive and negative set distances against the run's margin τ of eq. (7) (`plot_set_distances`) and their sentence: `Method.diagnose` for DMML."
+    import inspect
+    tau = method_kwargs.get("margin", inspect.signature(cls).parameters["margin"].default)
+    plot_set_distances(steps, tau); return [set_distance_sentence(steps, tau)]
+
 # %% ../../nbs/24_methods.dmml.ipynb #698eb6b5
 _EPISODE = dict(n_classes=16, n_support=3, n_query=1)   # the study's episode on glyphs-XL: 16 x (3 + 1) = 64 images, its batch size
 _BATCH_HARD = dict(loss="triplet", loss_kwargs=dict(margin=0.2, reduction="mean"), miner="batchhard")   # Table 3's Triplet

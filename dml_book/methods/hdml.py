@@ -545,3 +545,9 @@ def hardness_sentence(steps, # step records of an HDML run (`read_log`)
     if c["unsatisfiable"]: s += (" Nearly every synthetic triplet is then unsatisfiable: negatives that no metric can push beyond the"
                                  " margin are not harder examples, and a synthesis that makes them has failed, however much it costs.")
     return s
+
+# %% ../../nbs/21_methods.hdml.ipynb #96478792
+@patch(cls_method=True)
+def diagnose(cls: HDML, steps, epochs, method_kwargs) -> list[str]:
+    "The hardness schedule and what it did to the triplets (`plot_hardness`), and its sentence: `Method.diagnose` for HDML."
+    plot_hardness(steps); return [hardness_sentence(steps)]

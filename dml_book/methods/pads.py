@@ -545,3 +545,12 @@ def signal_sentence(steps, # step records of a PADS run (`read_log`)
     sampled = f", that of the mean sampled distance at {s['d_an_shift']:+.2f}" if "d_an_shift" in s else " (the sampled distances are not logged)"
     return (f"Over {s['actions']} rewarded actions, the shift of the distribution's mean distance correlates with the reward "
             f"at {s['p_shift']:+.2f}{sampled}.")
+
+# %% ../../nbs/23_methods.pads.ipynb #452a0637
+@patch(cls_method=True)
+def diagnose(cls: PADS, steps, epochs, method_kwargs) -> list[str]:
+    """The sampling distribution, the critic and the reward signal of a run (`plot_policy_run`) and their sentences, on
+    the run's own bins (their number is a setting): `Method.diagnose` for PADS."""
+    edges = cls(**method_kwargs).distribution.edges
+    plot_policy_run(steps, edges)
+    return [distribution_sentence(epochs, edges), critic_sentence(steps), signal_sentence(steps, edges)]
