@@ -81,10 +81,9 @@ def stored_study(name: str, # the study's folder under `results/`, e.g. "dmml"
                  root=None, # the results store (default: `results/` beside `nbs/` of this clone)
                 ) -> Path | None:
     "The folder of the stored study `name` when it holds runs (and one of `arms`, if given); None otherwise."
-    from dml_book.results import experiments_dir, ExperimentError
-    if root is None:
-        try: root = experiments_dir().parent.parent/"results"
-        except ExperimentError: return None
+    from dml_book.results import clone_results
+    root = clone_results() if root is None else root
+    if root is None: return None
     folder = Path(root)/name
     if not any(folder.glob("*/seed*/metrics.json")): return None
     if arms and not any(any((folder/a).glob("seed*/metrics.json")) for a in arms): return None

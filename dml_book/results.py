@@ -15,7 +15,7 @@ from .registry import check_choice
 __all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
            'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset', 'paper_figures', 'line_up',
            'published_tables', 'ExperimentError', 'experiments_dir', 'params_file', 'experiment_names',
-           'find_experiment', 'results_dir', 'parity_file', 'notebook_parameters', 'coerce_parameters',
+           'find_experiment', 'results_dir', 'clone_results', 'parity_file', 'notebook_parameters', 'coerce_parameters',
            'ParameterError', 'check_parameter', 'check_parameters', 'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
@@ -277,6 +277,13 @@ def results_dir() -> Path:
     for folder in (experiments_dir().parents[1]/"results", Path(dml_book.__file__).resolve().parent/"_results"):
         if folder.is_dir(): return folder
     raise ExperimentError("no results/ folder in this clone and none installed with dml_book: reinstall the package or run from a clone")
+
+def clone_results(*parts: str, # a path inside it, e.g. "pretrained", "regime"
+                 ) -> Path | None:
+    """`results/` (or `results/<parts>`) of the clone whose experiments run: the full runs, their logs and tuning
+    stores. None in a plain install, which carries only the studies' summaries (`results_dir`)."""
+    try: return experiments_dir().parents[1].joinpath("results", *parts)
+    except ExperimentError: return None
 
 # %% ../nbs/11_results.ipynb #3e1f8bb0
 def parity_file(name: str, # a method: ala, dcml, dmml, hdml or pads

@@ -345,9 +345,8 @@ def reference_run(method: str, # the method's study under `results/`; its varian
                   study: str | None = None, # the study's folder under `results/` (None: `method`; e.g. `hdml/tuned`)
                  ) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     "Steps and epochs (`read_log`) of the stored run `results/<study>/<method>/seed<seed>/`; None where its log is not stored."
-    from dml_book.results import experiments_dir, ExperimentError
-    if root is None:
-        try: root = experiments_dir().parent.parent/"results"
-        except ExperimentError: return None
+    from dml_book.results import clone_results
+    root = clone_results() if root is None else root
+    if root is None: return None
     path = Path(root)/(study or method)/method/f"seed{seed}"/"log.jsonl"
     return read_log(path) if path.is_file() else None

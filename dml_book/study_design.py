@@ -38,10 +38,9 @@ def plot_calibration(root=None, # the budget calibration's folder (default: this
                     ):
     "Validation Recall@1 per epoch of the calibration runs (one per budget), with their learning rates; None if not stored."
     import matplotlib.pyplot as plt
-    from dml_book.results import experiments_dir, ExperimentError
-    if root is None:
-        try: root = experiments_dir().parent.parent/"results"/"calibration"/"budget"
-        except ExperimentError: return None
+    from dml_book.results import clone_results
+    if root is None: root = clone_results("calibration", "budget")
+    if root is None: return None
     runs = sorted(Path(root).glob("e*/seed*/metrics.json"), key=lambda f: int(f.parent.parent.name[1:]))
     if not runs: return None
     fig, (ax, lr) = plt.subplots(1, 2, figsize=(9, 3.2), layout="constrained")
@@ -57,10 +56,9 @@ def plot_calibration(root=None, # the budget calibration's folder (default: this
 def precision_check(root=None, # the calibration's folder (default: this clone's results/calibration/precision)
                    ) -> pd.DataFrame | None:
     "Per arm of the fast-path calibration: seeds, final test R@1 (mean, min, max) and CPU minutes per run; None if not stored."
-    from dml_book.results import experiments_dir, ExperimentError
-    if root is None:
-        try: root = experiments_dir().parent.parent/"results"/"calibration"/"precision"
-        except ExperimentError: return None
+    from dml_book.results import clone_results
+    if root is None: root = clone_results("calibration", "precision")
+    if root is None: return None
     rows = []
     for arm in ("baseline", "fast"):
         runs = sorted((Path(root)/arm).glob("seed*/metrics.json"))
@@ -76,10 +74,9 @@ def device_check(study: str = "hdml", # the study whose seeds were retrained on 
                  root=None, # the results store (default: this clone's `results/`)
                 ) -> pd.DataFrame | None:
     "Per arm and seed retrained under `calibration/device/<study>/`: final test R@1 (points) of the study's run and of the retrained run, each with the device and number format it used; None if none is stored."
-    from dml_book.results import experiments_dir, ExperimentError
-    if root is None:
-        try: root = experiments_dir().parent.parent/"results"
-        except ExperimentError: return None
+    from dml_book.results import clone_results
+    root = clone_results() if root is None else root
+    if root is None: return None
     rows = []
     for again in sorted((Path(root)/"calibration"/"device"/study).glob("*/seed*/metrics.json")):
         first = Path(root)/study/again.parent.parent.name/again.parent.name/"metrics.json"
