@@ -12,11 +12,19 @@ from .study import study_report, paired_difference, metric_name
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS', 'finding', 'findings', 'finding_text', 'verdict_cell', 'findings_markdown', 'plot_findings']
+__all__ = ['REGIMES', 'SETTINGS', 'main_arm', 'finding', 'arm_means', 'findings', 'finding_text', 'verdict_cell',
+           'findings_markdown', 'plot_findings']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
 SETTINGS = {"papers'": "{study}", "tuned": "{study}/tuned"}   # whose settings the arms train with -> the study's folder
+
+def main_arm(rep: dict, # a `study_report`
+             method: str, # the study's method (its main arm when the design names none)
+             among, # the arms that count: those with a verdict, or with runs
+            ) -> str | None:
+    "The study's first main arm among `among`, or None."
+    return next((a for a in (rep["design"].get("main") or [method]) if a in among), None)
 
 def finding(method: str, # a method with a study under `results/`
             regime: str = "from scratch", # a key of `REGIMES`
@@ -25,12 +33,32 @@ def finding(method: str, # a method with a study under `results/`
            ) -> dict | None:
     "The study's first main arm against its baseline, in points: `diff`, `low`, `high` (95% interval), `seeds`, `decided` (better, worse, undecided); None where none pairs two seeds."
     rep = study_report(SETTINGS[settings].format(study=REGIMES[regime].format(method=method)), root)
-    arm = next((a for a in (rep["design"].get("main") or [method]) if a in rep["verdict_of"]), None) if rep else None
+    arm = main_arm(rep, method, rep["verdict_of"]) if rep else None
     if arm is None: return None
     p = paired_difference(rep["frame"], arm, rep["design"].get("baseline", "baseline"))
     diff, low, high = (100 * p[k] for k in ("mean", "low", "high"))
     return dict(method=method, regime=regime, settings=settings, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
                 seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm])
+
+# %% ../nbs/11d_findings.ipynb #9e09e9a7
+def arm_means(name: str, # a method's study
+              root=None, # the results store (default: `results_dir()`)
+             ) -> pd.DataFrame:
+    """Each arm's mean test score (the primary metric, points, over its stored seeds) at the papers' settings and tuned
+    alike, per regime, and how far tuning moved it. A verdict moves when either arm moves: a baseline's rates tuned for
+    training from scratch may fine-tune the pretrained backbone worse than its old ones."""
+    rows = {}
+    for regime, folder in REGIMES.items():
+        for s, settings in SETTINGS.items():
+            rep = study_report(settings.format(study=folder.format(method=name)), root)
+            if rep is None: continue
+            means, design = rep["frame"].groupby("variant").value.mean(), rep["design"]
+            main = main_arm(rep, name, means)
+            for role, arm in (("baseline", design.get("baseline", "baseline")), (name, main)):
+                if arm in means: rows.setdefault((regime, role), {})[s] = round(100 * means[arm], 2)
+    out = pd.DataFrame.from_dict(rows, orient="index").reindex(columns=list(SETTINGS))
+    out.index = pd.MultiIndex.from_tuples(out.index, names=["regime", "arm"])
+    return out.assign(moved=(out["tuned"] - out["papers'"]).round(2))
 
 # %% ../nbs/11d_findings.ipynb #87782a4f
 def findings(methods=None, # method names (default: each study at the top of the store, alphabetically)
@@ -52,9 +80,16 @@ def verdict_cell(method: str, # a method's name
                  root=None, # the results store
                  page: str | None = None, # the experiment page to link (None: no link)
                 ) -> str:
-    "The README's verdict of `method`: each regime's `finding_text` ('from scratch: ...<br>from scratch, tuned: ...<br>pretrained: ...'), linked to `page`."
-    said = [f"{r}{', tuned' if s == 'tuned' else ''}: {finding_text(f)}" for r in REGIMES for s in SETTINGS
-            if (f := finding(method, r, root, s)) is not None]
+    """The README's verdict of `method`: each regime's `finding_text` ('from scratch: ...<br>from scratch, tuned: ...<br>pretrained: ...'),
+    a tuned one with how far tuning moved each arm (`arm_means`), linked to `page`."""
+    found = [f for r in REGIMES for s in SETTINGS if (f := finding(method, r, root, s)) is not None]
+    moved = arm_means(method, root)["moved"] if any(f["settings"] == "tuned" for f in found) else None
+    def line(f):
+        text = f"{f['regime']}{', tuned' if f['settings'] == 'tuned' else ''}: {finding_text(f)}"
+        if f["settings"] != "tuned": return text
+        m = moved.loc[f["regime"]]
+        return text + f" (tuning moved the baseline {m['baseline']:+.1f}, {method.upper()} {m[method]:+.1f})"
+    said = [line(f) for f in found]
     text = "<br>".join(said) or "no study stored"
     return f"{text} ([study]({page}))" if page and said else text
 

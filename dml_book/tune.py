@@ -21,8 +21,8 @@ __all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATIO
            'creation_lock', 'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder', 'trial_origin',
            'fail_stale', 'claim', 'beating', 'run_one', 'recover_finished', 'tune', 'trials_frame', 'write_trials',
            'space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far', 'knob_importances',
-           'best_settings', 'tuning_progress', 'both_verdicts', 'arm_means', 'tuning_sentence', 'show_mechanism',
-           'where_trials_ran', 'show_tuning', 'best_values', 'tuned_study', 'pretrained_tuned_study']
+           'best_settings', 'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism', 'where_trials_ran',
+           'show_tuning', 'best_values', 'tuned_study', 'pretrained_tuned_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -534,27 +534,6 @@ def both_verdicts(name: str, # a method's study
     return pd.DataFrame({s: {r: finding_text(finding(name, r, root, s)).replace("no study stored", "not stored yet") for r in REGIMES}
                          for s in SETTINGS}).rename_axis("regime")
 
-def arm_means(name: str, # a method's study
-              root=None, # the results store (default: `results_dir()`)
-             ) -> pd.DataFrame:
-    """Each arm's mean test score (the primary metric, points, over its stored seeds) at the papers' settings and tuned
-    alike, per regime, and how far tuning moved it. A verdict moves when either arm moves: a baseline's rates tuned for
-    training from scratch may fine-tune the pretrained backbone worse than its old ones."""
-    from dml_book.findings import REGIMES, SETTINGS
-    from dml_book.study import study_report
-    rows = {}
-    for regime, folder in REGIMES.items():
-        for s, settings in SETTINGS.items():
-            rep = study_report(settings.format(study=folder.format(method=name)), root)
-            if rep is None: continue
-            means, design = rep["frame"].groupby("variant").value.mean(), rep["design"]
-            main = next((a for a in (design.get("main") or [name]) if a in means), None)
-            for role, arm in (("baseline", design.get("baseline", "baseline")), (name, main)):
-                if arm in means: rows.setdefault((regime, role), {})[s] = round(100 * means[arm], 2)
-    out = pd.DataFrame.from_dict(rows, orient="index").reindex(columns=list(SETTINGS))
-    out.index = pd.MultiIndex.from_tuples(out.index, names=["regime", "arm"])
-    return out.assign(moved=(out["tuned"] - out["papers'"]).round(2))
-
 _AGAINST = {"better": "better than the baseline", "worse": "worse than the baseline", "undecided": "not told apart from the baseline"}
 
 def tuning_sentence(name: str, # a method with a search space
@@ -623,6 +602,7 @@ def show_tuning(name: str, # a study with a search space
     from IPython.display import display
     from dml_book.results import results_dir
     from dml_book.study import show_study
+    from dml_book.findings import arm_means
     root = results_dir() if root is None else root
     t = tuning_spec(name)
     print(f"Search space, fixed before any trial: {t.trials} trials of {t.epochs} epochs per arm (seed {t.seed}), "

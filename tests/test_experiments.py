@@ -156,7 +156,7 @@ def test_dmml_experiment_reports_reid_metrics_on_the_market1501_layout(tmp_path)
     from dml_book.data.replicas import write_market
     write_market(tmp_path/"data", train_ids=tuple(range(2, 30, 2)), test_ids=(1, 3, 5, 7, 9))
     out = tmp_path/"exp"
-    params = dict(dataset="market1501", data_root=str(tmp_path/"data"), dataset_kwargs={}, epochs=1,
+    params = dict(dataset="market1501", data_root=str(tmp_path/"data"), dataset_kwargs={}, image_size=64, epochs=1,   # 64 x 32 pixels
                   max_steps_per_epoch=2, variants=["baseline", "dmml-no-margin"], taus=[0.2], out_dir=str(out))
     import papermill as pm
     pm.execute_notebook(str(ROOT/"nbs"/"experiments"/"dmml.ipynb"), str(tmp_path/"dmml.ipynb"), parameters=params,

@@ -89,6 +89,10 @@ def stray_warnings(executed: Path) -> list[str]:
     return found
 
 
+# Seconds each experiment took in `make test`'s preview (one thread, two at a time): only the order they start in, the
+# longest first, so that the last one to finish is not a long one started late (a new experiment counts as 60 s).
+EXPERIMENT_SECONDS = {"train_eval": 86, "hdml": 52, "dcml": 48, "dmml": 42, "ala": 41, "pads": 41, "pretrain": 18}
+
 def run_experiments(out: Path, n_workers: int = 2) -> Path:
     """Every experiment notebook under papermill with its defaults, through `dml-book experiment`, `n_workers` at a time
     (one thread each, as the chapters run); each one's output goes to `OUT/runs/<name>.log`."""
@@ -100,8 +104,9 @@ def run_experiments(out: Path, n_workers: int = 2) -> Path:
             r = subprocess.run([str(BIN/"dml-book"), "experiment", nb.stem, "--out-dir", str(runs/nb.stem), "--no-progress"],
                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         return nb.stem, r.returncode, time.time() - t0
+    longest_first = sorted((NBS/"experiments").glob("*.ipynb"), key=lambda nb: -EXPERIMENT_SECONDS.get(nb.stem, 60))
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
-        for name, rc, seconds in pool.map(run, sorted((NBS/"experiments").glob("*.ipynb"))):
+        for name, rc, seconds in pool.map(run, longest_first):
             if rc:
                 print((runs/f"{name}.log").read_text()[-3000:])
                 sys.exit(f"preview: experiment {name} failed (exit {rc}); see {runs/name/(name + '.ipynb')} and {runs/(name + '.log')}")
@@ -171,13 +176,22 @@ def render(exporter, nb, title: str, prefix: str, prev: tuple | None, nxt: tuple
     return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + _nav(prefix, prev, nxt), body, count=1)
 
 
-def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
-    "One HTML page per notebook in reading order, plus the index; returns the pages built."
-    import nbformat
+_EXPORTER = None
+
+def _write_page(job: tuple):
+    "Render one page (`render`'s arguments after the exporter) to its file, with this process's exporter."
+    global _EXPORTER
     from nbconvert import HTMLExporter
+    _EXPORTER = _EXPORTER or HTMLExporter(template_name="lab")
+    path, *args = job
+    path.write_text(render(_EXPORTER, *args))
+
+
+def build_pages(out: Path, chapters: Path, runs: Path, n_workers: int = 2) -> list[dict]:
+    "One HTML page per notebook in reading order, plus the index, rendered `n_workers` at a time; returns the pages built."
+    import nbformat
     site = out/"site"
     shutil.rmtree(site, ignore_errors=True); (site/"experiments").mkdir(parents=True)
-    exporter = HTMLExporter(template_name="lab")
     shutil.copytree(mathjax_source(), site/"mathjax")
     pages = []
     for section, nbs in reading_order():
@@ -186,13 +200,15 @@ def build_pages(out: Path, chapters: Path, runs: Path) -> list[dict]:
             if not src.exists(): sys.exit(f"preview: no executed notebook for {rel} (looked for {src})")
             nb = _clean(nbformat.read(str(src), as_version=4))
             pages.append(dict(section=section, notebook=rel, page=page_name(rel), title=_title(nb), nb=nb))
+    jobs = []
     for i, p in enumerate(pages):
         prefix = "../" * p["page"].count("/")
         prev = (pages[i-1]["page"], pages[i-1]["title"]) if i else None
         nxt = (pages[i+1]["page"], pages[i+1]["title"]) if i + 1 < len(pages) else None
-        name = "home.html" if p["notebook"] == "index.ipynb" else p["page"]
-        (site/name).write_text(render(exporter, p.pop("nb"), p["title"], prefix, prev, nxt))
-        p["file"] = name
+        p["file"] = "home.html" if p["notebook"] == "index.ipynb" else p["page"]
+        jobs.append((site/p["file"], p.pop("nb"), p["title"], prefix, prev, nxt))
+    from concurrent.futures import ProcessPoolExecutor   # nbconvert is pure Python: a process per worker, not threads
+    with ProcessPoolExecutor(max_workers=n_workers) as pool: list(pool.map(_write_page, jobs))
     _write_index(site, pages)
     shutil.copy(NBS/"styles.css", site/"styles.css")
     return pages
@@ -235,7 +251,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT/"_preview"), help="output folder (default: _preview)")
     ap.add_argument("--if-stale", action="store_true", help="do nothing when OUT was built from the current sources")
-    ap.add_argument("--n-workers", type=int, default=2, help="nbdev-test workers")
+    ap.add_argument("--n-workers", type=int, default=2, help="notebooks, experiments and pages at once")
     ap.add_argument("--pages-only", action="store_true", help="only rebuild the HTML from OUT/executed and OUT/runs")
     args = ap.parse_args(argv)
     out = Path(args.out).resolve(); stamp = out/"stamp.json"
@@ -246,7 +262,7 @@ def main(argv=None):
     os.environ.setdefault("MPLBACKEND", "Agg")
     if args.pages_only: chapters, runs = out/"executed", out/"runs"
     else: chapters, runs = execute_chapters(out, args.n_workers), run_experiments(out, args.n_workers)
-    pages = build_pages(out, chapters, runs)
+    pages = build_pages(out, chapters, runs, args.n_workers)
     stamp.write_text(json.dumps(dict(sources=digest, pages=[{k: v for k, v in p.items()} for p in pages]), indent=1))
     print(f"preview: {len(pages)} pages in {out/'site'}; open {out/'site'/'index.html'}")
 
