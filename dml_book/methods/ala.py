@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.distributed as dist
 import torch.autograd.forward_ad as fwAD
+import warnings
 from torch import Tensor
 from torch.func import functional_call
 from fastcore.basics import patch
@@ -172,7 +173,8 @@ def meta_surrogate(assessor: Assessor, state, # the tuple assessor and its carri
                for (k, p), gk, lr, wd in zip(params.items(), g, lrs, wds)}            # theta' of eq. (10), values only
     val_loss = weighted_sum(loss_fn, functional_call(module, {**stepped, **bufs}, (val_input,)), val_labels, val_tuples)
     v = torch.autograd.grad(val_loss, list(stepped.values()), allow_unused=True)      # eq. (11)'s gradient at theta'
-    with fwAD.dual_level():                                                          # <alpha v, grad L_i> for every i
+    with fwAD.dual_level(), warnings.catch_warnings():                              # <alpha v, grad L_i> for every i
+        warnings.filterwarnings("ignore", "`torch.jit.script` is deprecated", FutureWarning)   # torch's JVP rules load through it
         dual = {k: p.detach() if vk is None else fwAD.make_dual(p.detach(), lr * vk) for (k, p), vk, lr in zip(params.items(), v, lrs)}
         out = functional_call(module, {**dual, **{k: b.clone() for k, b in bufs.items()}}, (inputs.detach(),))
         c = fwAD.unpack_dual(loss_fn.compute(out, labels, indices_tuple).losses).tangent
