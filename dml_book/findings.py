@@ -86,8 +86,8 @@ def verdict_cell(method: str, # a method's name
     moved = arm_means(method, root)["moved"] if any(f["settings"] == "tuned" for f in found) else None
     def line(f):
         text = f"{f['regime']}{', tuned' if f['settings'] == 'tuned' else ''}: {finding_text(f)}"
-        if f["settings"] != "tuned": return text
-        m = moved.loc[f["regime"]]
+        m = moved.loc[f["regime"]] if f["settings"] == "tuned" else None
+        if m is None or m.isna().any(): return text   # no papers'-settings study in this regime: nothing moved from
         return text + f" (tuning moved the baseline {m['baseline']:+.1f}, {method.upper()} {m[method]:+.1f})"
     said = [line(f) for f in found]
     text = "<br>".join(said) or "no study stored"

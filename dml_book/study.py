@@ -10,7 +10,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 import numpy as np, pandas as pd
-from .results import runs_frame, load_histories
+from .results import runs_frame, load_histories, find_runs
 
 # %% auto #0
 __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS',
@@ -189,7 +189,7 @@ def study_report(method: str, # the method's folder under `results/`
     import json
     root = Path(root) if root is not None else results_dir()   # a clone's results/, or the summaries installed with the package
     folder = root/method
-    if not folder.is_dir() or not any(folder.rglob("metrics.json")): return None
+    if not folder.is_dir() or not find_runs(folder): return None   # none of its own (a nested `tuned/` study is not)
     design = json.loads((folder/"study.json").read_text()) if (folder/"study.json").exists() else {}
     base = design.get("baseline", "baseline")
     labels = {a: d["label"] for a, d in design.get("arms", {}).items()}

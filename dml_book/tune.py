@@ -529,9 +529,10 @@ def tuning_progress(trials: pd.DataFrame, budget: int = TRIALS) -> pd.DataFrame:
 def both_verdicts(name: str, # a method's study
                   root=None, # the results store (default: `results_dir()`)
                  ) -> pd.DataFrame:
-    "The study's verdict at the papers' settings beside the tuned one, per regime (`dml_book.findings`); 'not stored yet' where none is."
+    "The study's verdict at the papers' settings beside the tuned one, per regime (`dml_book.findings`); 'no study stored' where none is, 'not stored yet' for a tuned one."
     from dml_book.findings import REGIMES, SETTINGS, finding, finding_text
-    return pd.DataFrame({s: {r: finding_text(finding(name, r, root, s)).replace("no study stored", "not stored yet") for r in REGIMES}
+    said = lambda r, s: finding_text(finding(name, r, root, s))
+    return pd.DataFrame({s: {r: said(r, s).replace("no study stored", "not stored yet") if s == "tuned" else said(r, s) for r in REGIMES}
                          for s in SETTINGS}).rename_axis("regime")
 
 _AGAINST = {"better": "better than the baseline", "worse": "worse than the baseline", "undecided": "not told apart from the baseline"}
