@@ -48,6 +48,22 @@ def test_readme_verdicts_equal_the_stored_studies(method):
     assert f"([study](nbs/experiments/{method}.ipynb))" in row
 
 
+MOVED = re.compile(r"(from scratch|pretrained), tuned: [^<]*? \(tuning moved the baseline ([+-]\d+\.\d), (\w+) ([+-]\d+\.\d)\)")
+
+@pytest.mark.parametrize("method", METHODS)
+def test_readme_says_how_far_tuning_moved_each_arm(method):
+    "Beside a tuned verdict, each arm's mean final test R@1 (over all its seeds) tuned minus at the papers' settings, by hand."
+    moved = {m[0]: m[1:] for m in MOVED.findall(readme_row(method))}
+    mean = lambda folder, arm: 100 * np.mean([json.loads(f.read_text())["final"]["R@1"] for f in (folder/arm).glob("seed*/metrics.json")])
+    for regime, study in (("from scratch", RESULTS/method), ("pretrained", RESULTS/"pretrained"/method)):
+        if not (study/"study.json").exists() or not (study/"tuned"/"study.json").exists() or len(_paired(study/"tuned", method)) < 2:
+            assert regime not in moved, (regime, moved); continue   # no papers'-settings study or no tuned verdict: nothing to move from
+        base, label, own = moved[regime]
+        main = json.loads((study/"study.json").read_text())["main"][0]
+        assert label == method.upper() and float(base) == pytest.approx(mean(study/"tuned", "baseline") - mean(study, "baseline"), abs=0.051)
+        assert float(own) == pytest.approx(mean(study/"tuned", method) - mean(study, main), abs=0.051), (regime, moved)
+
+
 def test_readme_links_resolve_on_the_repository_viewer():
     readme = (ROOT/"README.md").read_text()
     links = [l.split("#")[0] for l in re.findall(r"\]\(([^)\s]+)\)", readme) if not re.match(r"[a-z]+:|#", l)]
