@@ -35,6 +35,7 @@ class Knob:
     integer: bool = False       # a whole number
     choices: tuple = ()         # or one of these (str, int, float, bool)
     sets: dict | None = None    # a choice that stands for several fields: choice -> {field: value}
+    changes: tuple = ()         # what a run did that its value changes (`run_facts`: "run.steps", "run.train"), declared with it
 
     def suggest(self, trial): # an Optuna trial
         "Draw this knob's value in `trial`."
@@ -126,7 +127,7 @@ SEARCH_SPACES = {   # study -> arm -> knobs; fixed before any trial (the page pr
                     Knob("method_kwargs.meta_steps", 1, 5, integer=True), Knob("method_kwargs.assessor_lr", 1e-4, 1e-2, log=True),
                     Knob("method_kwargs.normalize_weights", choices=(True, False)))},
     "pads": {"baseline": _shared("loss_kwargs.margin"),
-             "pads": (*_shared("loss_kwargs.margin"), Knob("method_kwargs.val_fraction", 0.05, 0.3),
+             "pads": (*_shared("loss_kwargs.margin"), Knob("method_kwargs.val_fraction", 0.05, 0.3, changes=("run.steps", "run.train")),   # classes held out
                       Knob("method_kwargs.n_bins", choices=(10, 20, 30, 50)), Knob("method_kwargs.policy_lr", 1e-3, 1e-1, log=True),
                       Knob("method_kwargs.update_every", choices=(10, 30, 60)))},
 }
@@ -646,7 +647,7 @@ def tuned_study(tuning: Tuning, # the tuning whose best trials are decided
                 results="results", storage: str | None = None) -> Study:
     "The study decided again: each arm at its best trial's settings on the full schedule, under `<study>/tuned`."
     store = open_storage(storage or default_storage(results, tuning.study.name))
-    s, knobs = tuning.study, {f for sp in tuning.spaces.values() for k in sp for f in k.all_fields()}
+    s, knobs = tuning.study, {f for sp in tuning.spaces.values() for k in sp for f in (*k.all_fields(), *k.changes)}
     arms = {a: set_fields(s.arms[a], {f: v for k in tuning.spaces[a] for f, v in k.fields(best_values(tuning, a, store)[k.field]).items()})
             for a in tuning.spaces}
     declared = {a: (*s.declared.get(a, ()), *sorted(knobs), "run.lr") for a in arms if a != s.baseline}   # rates: the logged schedule too
