@@ -237,6 +237,7 @@ def run_arms(study: Study, # the study
                 stale = Path(cfg.out).with_name(f"stale-seed{s}"); shutil.rmtree(stale, ignore_errors=True)
                 Path(cfg.out).rename(stale); log(f"{arm}/seed{s}: stored by another configuration, moved to {stale.name}")
             todo.append((arm, int(s), cfg))
+    todo.sort(key=lambda t: t[1])   # seed by seed (stable: the arms in order): a study stopped part-way holds whole pairs
     if not todo: return []
     threads = _threads(jobs)
     report = lambda arm, s, info: log(f"{study.name}/{arm}/seed{s}: {info['cpu_seconds'] / 60:.1f} CPU-min on {info['device']}")
