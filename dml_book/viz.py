@@ -1,4 +1,4 @@
-"""Learning curves, the UMAP of an embedding, and retrieval galleries.
+"""Learning curves, a 2-D map (UMAP or t-SNE) of an embedding, and retrieval galleries.
 
 Docs: https://dml-book.github.io/dml_book/viz.html.md"""
 
@@ -12,7 +12,8 @@ import seaborn as sns
 from .metrics import Distance
 
 # %% auto #0
-__all__ = ['history_frame', 'plot_learning_curves', 'plot_umap', 'plot_neighbours', 'plot_retrieval_gallery', 'plot_comparison']
+__all__ = ['PROJECTIONS', 'history_frame', 'plot_learning_curves', 'plot_projection', 'plot_umap', 'plot_neighbours',
+           'plot_retrieval_gallery', 'plot_comparison']
 
 # %% ../nbs/09_viz.ipynb #3276e16c
 def history_frame(runs: dict[str, list[dict]], # run name -> its epoch records
@@ -36,25 +37,41 @@ def plot_learning_curves(runs: dict[str, list[dict]], # run name -> its epoch re
     return ax.figure
 
 # %% ../nbs/09_viz.ipynb #aa119a96
-def plot_umap(embeddings, # (N, D) embeddings
-              labels, # (N,) class labels (the colours)
-              title: str = "", # the axes' title
-              max_points: int = 4000, # a random subset of at most this many points is drawn
-              seed: int = 0, # seed of the subset and of UMAP
-              ax=None, # matplotlib axes to draw on; None: a new figure
-             ):
-    "A 2-D UMAP projection of `embeddings`, coloured by label."
-    import umap
+PROJECTIONS = ("umap", "tsne")   # the 2-D maps `plot_projection` draws
+
+def _project(x: np.ndarray, method: str, seed: int) -> np.ndarray:
+    "The (N, 2) map of `x` by UMAP or scikit-learn's t-SNE."
+    if method == "umap":
+        import umap   # deferred: its import compiles numba code
+        return umap.UMAP(n_neighbors=15, min_dist=0.1, random_state=seed, n_jobs=1).fit_transform(x)  # a seed means one thread anyway
+    from sklearn.manifold import TSNE
+    return TSNE(2, perplexity=min(30.0, (len(x) - 1) / 3), init="pca", random_state=seed).fit_transform(x)
+
+def plot_projection(embeddings, # (N, D) embeddings
+                    labels, # (N,) class labels (the colours)
+                    method: str = "umap", # "umap" or "tsne"
+                    title: str = "", # the axes' title
+                    max_points: int = 4000, # a random subset of at most this many points is drawn
+                    seed: int = 0, # seed of the subset and of the map
+                    ax=None, # matplotlib axes to draw on; None: a new figure
+                   ):
+    "A 2-D map of `embeddings` (UMAP or t-SNE), coloured by label."
+    if method not in PROJECTIONS: raise ValueError(f"projection {method!r} is not one of {', '.join(PROJECTIONS)}")
     x = embeddings.numpy() if torch.is_tensor(embeddings) else np.asarray(embeddings)
     y = np.asarray(labels)
     if len(x) != len(y): raise ValueError(f"{len(x)} embeddings but {len(y)} labels")
+    if len(x) < 4: raise ValueError(f"{len(x)} embeddings: a 2-D map needs at least 4")
     keep = np.random.default_rng(seed).permutation(len(x))[:max_points]
-    reducer = umap.UMAP(n_neighbors=15, min_dist=0.1, random_state=seed, n_jobs=1)  # a seed means one thread anyway
-    xy = reducer.fit_transform(x[keep])
+    xy = _project(x[keep].astype(np.float32), method, seed)
     ax = ax or plt.subplots(figsize=(5, 5))[1]
     ax.scatter(xy[:, 0], xy[:, 1], c=y[keep], cmap="nipy_spectral", s=4, alpha=0.8)
     ax.set(xticks=[], yticks=[], title=title)
     return ax.figure
+
+# %% ../nbs/09_viz.ipynb #a8398598
+def plot_umap(embeddings, labels, title: str = "", max_points: int = 4000, seed: int = 0, ax=None):
+    "A 2-D UMAP projection of `embeddings`, coloured by label: `plot_projection(..., method=\"umap\")`."
+    return plot_projection(embeddings, labels, "umap", title, max_points, seed, ax)
 
 # %% ../nbs/09_viz.ipynb #eb47487c
 def _show(ax, img, colour=None):

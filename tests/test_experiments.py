@@ -66,7 +66,7 @@ def test_default_run_leaves_json_figures_and_the_executed_notebook(runs, name):
             assert stage and all(math.isfinite(v) for v in stage.values()), (m, stage)
         assert run["selected"]["epoch"] in [r["epoch"] for r in run["epochs"]]
         assert (m.parent/"log.jsonl").exists() and (m.parent/"checkpoint.pt").exists()
-    figures = ["learning_curves.png"] + (["umap.png", "gallery.png"] if name == "train_eval" else ["comparison.png"])
+    figures = ["learning_curves.png"] + (["projection.png", "gallery.png"] if name == "train_eval" else ["comparison.png"])
     for f in figures:
         data = (out/f).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, f

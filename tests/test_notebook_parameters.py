@@ -64,3 +64,19 @@ def test_raw_papermill_reads_a_list_and_stops_at_a_bad_value_with_one_line(tmp_p
     assert err["traceback"] == ["ParameterError: parameter study must be bool; got 'maybe' (str)"]
     assert "ParameterError: parameter study must be bool; got 'maybe' (str)" in r.stderr + r.stdout
     assert not (tmp_path/"runs").exists() or not any((tmp_path/"runs").rglob("metrics.json"))   # nothing trained
+
+
+@pytest.mark.parametrize("projection, fragment", [("tsne", None), (None, None), ("umap", None),
+                                                  ("pca", "parameter projection must be one of umap, tsne or None; got 'pca'")])
+def test_train_eval_names_a_projection_it_cannot_draw(projection, fragment):
+    "train_eval's checking cell accepts the two maps and None, and stops on any other with one line naming the parameter."
+    nb = nbformat.read(str(ROOT/"nbs"/"experiments"/"train_eval.ipynb"), as_version=4)
+    i = _parameters_cell(nb)
+    ns = {}
+    exec(compile(nb.cells[i].source, "parameters", "exec"), ns)
+    ns["projection"] = projection
+    run = lambda: exec(compile(nb.cells[i + 1].source, "checking", "exec"), ns)
+    if fragment is None: run()
+    else:
+        with pytest.raises(ParameterError) as e: run()
+        assert str(e.value) == fragment

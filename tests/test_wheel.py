@@ -37,7 +37,7 @@ def test_installed_wheel_runs_an_experiment_outside_a_clone(installed, tmp_path)
                            capture_output=True, text=True, env=env, cwd=tmp_path, check=True).stdout.split()
     assert where[0].startswith(str(site)) and where[1] == str(site/"dml_book"/"_experiments"), where
     r = subprocess.run([sys.executable, "-m", "dml_book.cli", "experiment", "train_eval", "--no-progress", "-p", "epochs", "1",
-                        "-p", "max_steps_per_epoch", "2", "-p", "seeds", "[0]", "-p", "umap", "false"],
+                        "-p", "max_steps_per_epoch", "2", "-p", "seeds", "[0]", "-p", "projection", "None"],
                        capture_output=True, text=True, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     executed = tmp_path/"runs"/"experiments"/"train_eval"/"train_eval.ipynb"
