@@ -12,8 +12,8 @@ from .study import study_report, paired_difference, metric_name
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS', 'main_arm', 'finding', 'arm_means', 'findings', 'finding_text', 'verdict_cell',
-           'findings_markdown', 'plot_findings']
+__all__ = ['REGIMES', 'SETTINGS', 'main_arm', 'finding', 'arm_means', 'tuning_moves', 'moves_sentence', 'findings',
+           'finding_text', 'verdict_cell', 'findings_markdown', 'plot_findings']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
@@ -60,6 +60,21 @@ def arm_means(name: str, # a method's study
     out.index = pd.MultiIndex.from_tuples(out.index, names=["regime", "arm"])
     return out.assign(moved=(out["tuned"] - out["papers'"]).round(2))
 
+# %% ../nbs/11d_findings.ipynb #f0614447
+def tuning_moves(name: str, # a method's study
+                 root=None, # the results store (default: `results_dir()`)
+                ) -> dict[str, tuple[float, float]]:
+    "Per regime with both a papers'-settings and a tuned study: how far tuning moved the (baseline, method) means, in points (`arm_means`)."
+    moved = arm_means(name, root)["moved"].dropna()
+    return {r: (moved[(r, "baseline")], moved[(r, name)]) for r in REGIMES if {(r, "baseline"), (r, name)} <= set(moved.index)}
+
+def moves_sentence(name: str, # the method
+                   moves: tuple[float, float] | None, # a value of `tuning_moves`, or None where the regime has none
+                  ) -> str:
+    "The sentence that says how far tuning moved each arm, or that nothing could move."
+    if moves is None: return "No study at the papers' settings in this regime to say how far tuning moved each arm."
+    return f"Tuning moved the baseline's mean by {moves[0]:+.1f} points and {name.upper()}'s by {moves[1]:+.1f} against the papers' settings."
+
 # %% ../nbs/11d_findings.ipynb #87782a4f
 def findings(methods=None, # method names (default: each study at the top of the store, alphabetically)
              root=None, # the results store (default: `results_dir()`)
@@ -81,14 +96,14 @@ def verdict_cell(method: str, # a method's name
                  page: str | None = None, # the experiment page to link (None: no link)
                 ) -> str:
     """The README's verdict of `method`: each regime's `finding_text` ('from scratch: ...<br>from scratch, tuned: ...<br>pretrained: ...'),
-    a tuned one with how far tuning moved each arm (`arm_means`), linked to `page`."""
+    a tuned one with how far tuning moved each arm (`tuning_moves`), linked to `page`."""
     found = [f for r in REGIMES for s in SETTINGS if (f := finding(method, r, root, s)) is not None]
-    moved = arm_means(method, root)["moved"] if any(f["settings"] == "tuned" for f in found) else None
+    moves = tuning_moves(method, root) if any(f["settings"] == "tuned" for f in found) else {}
     def line(f):
         text = f"{f['regime']}{', tuned' if f['settings'] == 'tuned' else ''}: {finding_text(f)}"
-        m = moved.loc[f["regime"]] if f["settings"] == "tuned" else None
-        if m is None or m.isna().any(): return text   # no papers'-settings study in this regime: nothing moved from
-        return text + f" (tuning moved the baseline {m['baseline']:+.1f}, {method.upper()} {m[method]:+.1f})"
+        m = moves.get(f["regime"]) if f["settings"] == "tuned" else None
+        if m is None: return text   # no papers'-settings study in this regime: nothing moved from
+        return text + f" (tuning moved the baseline {m[0]:+.1f}, {method.upper()} {m[1]:+.1f})"
     said = [line(f) for f in found]
     text = "<br>".join(said) or "no study stored"
     return f"{text} ([study]({page}))" if page and said else text

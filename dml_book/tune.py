@@ -543,7 +543,7 @@ def tuning_sentence(name: str, # a method with a search space
                    ) -> str:
     """What tuning alike did to the method's verdict (from scratch), in a sentence or two computed from `results/`: both
     verdicts, whether the tuning changed it, and the knob that mattered most for the method's arm with its move."""
-    from dml_book.findings import finding, finding_text, arm_means
+    from dml_book.findings import finding, finding_text, tuning_moves, moves_sentence
     from dml_book.results import results_dir
     root = results_dir() if root is None else Path(root)
     own, tuned, label = finding(name, root=root), finding(name, root=root, settings="tuned"), name.upper()
@@ -556,8 +556,8 @@ def tuning_sentence(name: str, # a method with a search space
         return said + f"; tuned alike it is not decided yet ({n} of {TRIALS} trials per arm stored)."
     change = "did not change the verdict" if tuned["decided"] == own["decided"] else "changed the verdict"
     said += f"; tuned alike it is {_AGAINST[tuned['decided']]} ({finding_text(tuned)}): tuning {change}."
-    moved = arm_means(name, root).loc["from scratch", "moved"]   # a verdict moves when either arm does: say which did
-    if moved.notna().all(): said += f" Tuning moved the baseline's mean by {moved['baseline']:+.1f} points and {label}'s by {moved[name]:+.1f}."
+    moved = tuning_moves(name, root).get("from scratch")   # a verdict moves when either arm does: say which did
+    if moved is not None: said += " " + moves_sentence(name, moved)
     t = tuning_spec(name); imp = knob_importances(t, trials)
     if name in imp and imp[name].notna().any():
         knob = imp[name].idxmax(); row = best_settings(t, trials).loc[(name, knob)]
