@@ -27,7 +27,8 @@ def _file(nodeid: str) -> str: return nodeid.split("::")[0].split("[")[0]
 def _cache(config): return getattr(config, "cache", None)   # None under `-p no:cacheprovider`
 
 def pytest_collection_modifyitems(config, items):
-    weights = (_cache(config) and _cache(config).get(CACHE_KEY, None)) or (json.loads(STORED.read_text()) if STORED.is_file() else {})
+    cache = _cache(config)
+    weights = (cache and cache.get(CACHE_KEY, None)) or (json.loads(STORED.read_text()) if STORED.is_file() else {})
     items.sort(key=lambda item: -weights.get(_file(item.nodeid), 0.0))   # stable: within a file, the written order
 
 def pytest_runtest_logreport(report):
@@ -37,8 +38,9 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter, config):
     if hasattr(config, "workerinput") or not _seconds: return
-    if _cache(config) and not config.option.keyword and not config.option.markexpr:   # whole files ran: remember their seconds
-        config.cache.set(CACHE_KEY, {**(config.cache.get(CACHE_KEY, None) or {}), **{f: round(s, 1) for f, s in _seconds.items()}})
+    cache = _cache(config)
+    if cache and not config.option.keyword and not config.option.markexpr:   # whole files ran: remember their seconds
+        cache.set(CACHE_KEY, {**(cache.get(CACHE_KEY, None) or {}), **{f: round(s, 1) for f, s in _seconds.items()}})
     top = sorted(_seconds.items(), key=lambda kv: -kv[1])[:12]
     terminalreporter.write_sep("=", "slowest files (seconds, all phases)")
     for f, s in top: terminalreporter.write_line(f"{s:8.1f}  {f}")

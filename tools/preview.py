@@ -90,7 +90,8 @@ def stray_warnings(executed: Path) -> list[str]:
 
 
 # Seconds each experiment took in `make test`'s preview (one thread, two at a time): only the order they start in, the
-# longest first, so that the last one to finish is not a long one started late (a new experiment counts as 60 s).
+# longest first, so that the last one to finish is not a long one started late (a new experiment counts as 60 s). Each
+# preview records what it measured in OUT/runs/seconds.json and the next one on this machine starts in that order.
 EXPERIMENT_SECONDS = {"hdml": 52, "dcml": 48, "train_eval": 45, "dmml": 42, "ala": 41, "pads": 41, "pretrain": 18}
 
 def run_experiments(out: Path, n_workers: int = 2) -> Path:
@@ -104,13 +105,17 @@ def run_experiments(out: Path, n_workers: int = 2) -> Path:
             r = subprocess.run([str(BIN/"dml-book"), "experiment", nb.stem, "--out-dir", str(runs/nb.stem), "--no-progress"],
                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         return nb.stem, r.returncode, time.time() - t0
-    longest_first = sorted((NBS/"experiments").glob("*.ipynb"), key=lambda nb: -EXPERIMENT_SECONDS.get(nb.stem, 60))
+    record = runs/"seconds.json"
+    measured = {**EXPERIMENT_SECONDS, **(json.loads(record.read_text()) if record.is_file() else {})}
+    longest_first = sorted((NBS/"experiments").glob("*.ipynb"), key=lambda nb: -measured.get(nb.stem, 60))
     with ThreadPoolExecutor(max_workers=n_workers) as pool:
         for name, rc, seconds in pool.map(run, longest_first):
             if rc:
                 print((runs/f"{name}.log").read_text()[-3000:])
                 sys.exit(f"preview: experiment {name} failed (exit {rc}); see {runs/name/(name + '.ipynb')} and {runs/(name + '.log')}")
             print(f"preview: experiment {name} ran in {seconds:.0f} s")
+            measured[name] = round(seconds)
+    record.write_text(json.dumps(measured, indent=1) + "\n")
     return runs
 
 
