@@ -16,13 +16,14 @@ from .study_design import (Study, study_spec, config_fields, arm_differences, ch
 
 # %% auto #0
 __all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT', 'PRETRAINED_TUNED_SEEDS',
-           'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec', 'check_trial', 'calibration_configs',
-           'calibrate_trial_length', 'trial_length_check', 'rank_agreement', 'default_storage', 'open_storage',
-           'creation_lock', 'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder', 'trial_origin',
-           'fail_stale', 'claim', 'beating', 'run_one', 'recover_finished', 'tune', 'trials_frame', 'write_trials',
-           'space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far', 'knob_importances',
-           'best_settings', 'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism', 'where_trials_ran',
-           'show_tuning', 'best_values', 'tuned_study', 'pretrained_tuned_study']
+           'SHARED_SWAP', 'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec', 'check_trial',
+           'calibration_configs', 'calibrate_trial_length', 'trial_length_check', 'rank_agreement', 'default_storage',
+           'open_storage', 'creation_lock', 'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder',
+           'trial_origin', 'fail_stale', 'claim', 'beating', 'run_one', 'recover_finished', 'tune', 'trials_frame',
+           'write_trials', 'space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far',
+           'knob_importances', 'best_settings', 'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism',
+           'where_trials_ran', 'show_tuning', 'best_values', 'tuned_study', 'pretrained_tuned_study',
+           'shared_swap_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -666,3 +667,19 @@ def pretrained_tuned_study(tuning: Tuning, # the tuning whose best trials are de
     s = tuned_study(tuning, results, storage)
     arms = {a: replace(pretrained_config(c), lr_backbone=c.lr_backbone, lr_head=c.lr_head) for a, c in s.arms.items()}
     return replace(s, name=f"pretrained/{s.name}", arms=arms)
+
+# %% ../nbs/11e_tune.ipynb #457d5818
+SHARED_SWAP = "-baseline-shared"   # the suffix of a method arm moved to the baseline's tuned shared knobs
+
+def shared_swap_study(tuning: Tuning, # the tuning whose best trials are decided
+                      results="results", storage: str | None = None) -> Study:
+    """The tuned study (`tuned_study`) with, for each method arm, an arm `<arm>-baseline-shared`: that arm at its own tuned
+    knobs and the baseline's tuned values of the knobs both spaces have. Stored under `<study>/tuned-shared`."""
+    s = tuned_study(tuning, results, storage)
+    base = best_values(tuning, s.baseline, open_storage(storage or default_storage(results, tuning.study.name)))
+    shared = {k.field for k in tuning.spaces[s.baseline]}
+    swapped = {a + SHARED_SWAP: set_fields(s.arms[a], {f: v for k in tuning.spaces[a] if k.field in shared for f, v in k.fields(base[k.field]).items()})
+               for a in tuning.spaces if a != s.baseline}
+    labels = {n: f"{s.label(n.removesuffix(SHARED_SWAP))} at the baseline's shared knobs" for n in swapped}
+    return replace(s, name=f"{tuning.study.name}/tuned-shared", arms={**s.arms, **swapped}, labels={**s.labels, **labels},
+                   declared={**s.declared, **{n: s.declared[n.removesuffix(SHARED_SWAP)] for n in swapped}})
