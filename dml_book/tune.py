@@ -676,9 +676,8 @@ def shared_swap_study(tuning: Tuning, # the tuning whose best trials are decided
     """The tuned study (`tuned_study`) with, for each method arm, an arm `<arm>-baseline-shared`: that arm at its own tuned
     knobs and the baseline's tuned values of the knobs both spaces have. Stored under `<study>/tuned-shared`."""
     s = tuned_study(tuning, results, storage)
-    base = best_values(tuning, s.baseline, open_storage(storage or default_storage(results, tuning.study.name)))
-    shared = {k.field for k in tuning.spaces[s.baseline]}
-    swapped = {a + SHARED_SWAP: set_fields(s.arms[a], {f: v for k in tuning.spaces[a] if k.field in shared for f, v in k.fields(base[k.field]).items()})
+    base = knob_values(s.arms[s.baseline], tuning.spaces[s.baseline])   # the baseline's tuned values, read off its tuned arm
+    swapped = {a + SHARED_SWAP: set_fields(s.arms[a], {f: v for k in tuning.spaces[a] if k.field in base for f, v in k.fields(base[k.field]).items()})
                for a in tuning.spaces if a != s.baseline}
     labels = {n: f"{s.label(n.removesuffix(SHARED_SWAP))} at the baseline's shared knobs" for n in swapped}
     return replace(s, name=f"{tuning.study.name}/tuned-shared", arms={**s.arms, **swapped}, labels={**s.labels, **labels},
