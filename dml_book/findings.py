@@ -12,12 +12,14 @@ from .study import study_report, paired_difference, metric_name
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS', 'main_arm', 'finding', 'arm_means', 'tuning_moves', 'moves_sentence', 'findings',
-           'finding_text', 'verdict_cell', 'findings_markdown', 'plot_findings']
+__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'main_arm', 'paired_p', 'finding', 'arm_means', 'tuning_moves',
+           'moves_sentence', 'holm', 'findings', 'finding_text', 'verdict_cell', 'findings_markdown', 'plot_findings']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
-SETTINGS = {"papers'": "{study}", "tuned": "{study}/tuned"}   # whose settings the arms train with -> the study's folder
+SETTINGS_OWN = "papers'"   # the study's own settings: a verdict line names no settings
+SETTINGS = {"papers'": "{study}", "tuned": "{study}/tuned",   # whose settings the arms train with -> the study's folder
+            "tuned, mechanism at work": "{study}/tuned-active"}   # tuned with the method's activity criterion held, picked on the full schedule
 
 def main_arm(rep: dict, # a `study_report`
              method: str, # the study's method (its main arm when the design names none)
@@ -25,6 +27,15 @@ def main_arm(rep: dict, # a `study_report`
             ) -> str | None:
     "The study's first main arm among `among`, or None."
     return next((a for a in (rep["design"].get("main") or [method]) if a in among), None)
+
+def paired_p(mean: float, # the mean paired difference
+             std: float, # its standard deviation (ddof=1)
+             n: int, # paired seeds
+            ) -> float:
+    "The two-sided p-value of the paired t-test that the mean difference is zero (the test behind the 95% t-interval)."
+    from scipy import stats
+    if std == 0: return 0.0 if mean != 0 else 1.0
+    return float(2 * stats.t.sf(abs(mean) / (std / n ** 0.5), n - 1))
 
 def finding(method: str, # a method with a study under `results/`
             regime: str = "from scratch", # a key of `REGIMES`
@@ -38,7 +49,8 @@ def finding(method: str, # a method with a study under `results/`
     p = paired_difference(rep["frame"], arm, rep["design"].get("baseline", "baseline"))
     diff, low, high = (100 * p[k] for k in ("mean", "low", "high"))
     return dict(method=method, regime=regime, settings=settings, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
-                seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm])
+                seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm],
+                p=paired_p(p["mean"], p["std"], p["n"]))
 
 # %% ../nbs/11d_findings.ipynb #9e09e9a7
 def arm_means(name: str, # a method's study
@@ -76,31 +88,50 @@ def moves_sentence(name: str, # the method
     return f"Tuning moved the baseline's mean by {moves[0]:+.1f} points and {name.upper()}'s by {moves[1]:+.1f} against the papers' settings."
 
 # %% ../nbs/11d_findings.ipynb #87782a4f
+def holm(p, # p-values of a family of tests
+        ) -> list[float]:
+    "Holm's step-down adjusted p-values, in the order given: the k-th smallest of m is multiplied by m - k + 1, kept monotone and at most 1."
+    order = sorted(range(len(p)), key=lambda i: p[i]); out, running = [0.0] * len(p), 0.0
+    for k, i in enumerate(order): running = max(running, min(1.0, (len(p) - k) * p[i])); out[i] = running
+    return out
+
 def findings(methods=None, # method names (default: each study at the top of the store, alphabetically)
              root=None, # the results store (default: `results_dir()`)
+             alpha: float = 0.05, # the family's error rate for Holm's decisions
             ) -> pd.DataFrame:
-    "One row per method, regime and settings with a stored study: its `finding`."
+    """One row per method, regime and settings with a stored study: its `finding`, with its p-value adjusted by Holm over
+    all the rows (the verdicts shown together) and what the adjusted value decides (`holm`)."""
     root = Path(root) if root is not None else results_dir()
     methods = methods or sorted(p.parent.name for p in root.glob("*/study.json"))
-    return pd.DataFrame([f for m in methods for r in REGIMES for s in SETTINGS if (f := finding(m, r, root, s)) is not None])
+    frame = pd.DataFrame([f for m in methods for r in REGIMES for s in SETTINGS if (f := finding(m, r, root, s)) is not None])
+    if frame.empty: return frame
+    frame["p_holm"] = holm(frame.p.tolist())
+    frame["holm"] = [("better" if d > 0 else "worse") if q < alpha else "undecided" for d, q in zip(frame["diff"], frame.p_holm)]
+    return frame
 
 # %% ../nbs/11d_findings.ipynb #c5fc0aad
 def finding_text(f: dict | None, # a `finding`
                 ) -> str:
-    "A finding in a table cell: '-17.2 (-18.1 to -16.2), 17 seeds: worse'; 'no study stored' for None."
+    """A finding in a table cell: '-17.2 (-18.1 to -16.2), 17 seeds: worse'; with its family's Holm adjustment (a row of
+    `findings`): '... worse (p < 0.001, Holm: worse)'; 'no study stored' for None."""
     if f is None: return "no study stored"
-    return f"{f['diff']:+.1f} ({f['low']:+.1f} to {f['high']:+.1f}), {f['seeds']} seeds: {f['decided']}"
+    text = f"{f['diff']:+.1f} ({f['low']:+.1f} to {f['high']:+.1f}), {f['seeds']} seeds: {f['decided']}"
+    if "p_holm" not in f: return text
+    p = "p < 0.001" if f["p"] < 0.001 else f"p = {f['p']:.2g}"
+    return text + f" ({p}, Holm: {f['holm']})"
 
 def verdict_cell(method: str, # a method's name
                  root=None, # the results store
                  page: str | None = None, # the experiment page to link (None: no link)
                 ) -> str:
     """The README's verdict of `method`: each regime's `finding_text` ('from scratch: ...<br>from scratch, tuned: ...<br>pretrained: ...'),
-    a tuned one with how far tuning moved each arm (`tuning_moves`), linked to `page`."""
-    found = [f for r in REGIMES for s in SETTINGS if (f := finding(method, r, root, s)) is not None]
+    each with its p-value and Holm's decision over every verdict of the store (`findings`), a tuned one with how far
+    tuning moved each arm (`tuning_moves`), linked to `page`."""
+    family = findings(root=root)   # the verdicts the README shows together: Holm adjusts over all of them
+    found = [dict(r) for _, r in family.iterrows() if r.method == method] if len(family) else []
     moves = tuning_moves(method, root) if any(f["settings"] == "tuned" for f in found) else {}
     def line(f):
-        text = f"{f['regime']}{', tuned' if f['settings'] == 'tuned' else ''}: {finding_text(f)}"
+        text = f"{f['regime']}{'' if f['settings'] == SETTINGS_OWN else ', ' + f['settings']}: {finding_text(f)}"
         m = moves.get(f["regime"]) if f["settings"] == "tuned" else None
         if m is None: return text   # no papers'-settings study in this regime: nothing moved from
         return text + f" (tuning moved the baseline {m[0]:+.1f}, {method.upper()} {m[1]:+.1f})"
@@ -112,12 +143,14 @@ def verdict_cell(method: str, # a method's name
 def findings_markdown(frame: pd.DataFrame, # `findings`
                       pages: dict | None = None, # method -> the page to link its name to
                      ) -> str:
-    "A markdown table of `frame`: method, regime, settings, arm, difference (points), 95% interval, seeds, decision."
+    "A markdown table of `frame`: method, regime, settings, arm, difference (points), 95% interval, seeds, decision, p, Holm's decision."
     pages = pages or {}
-    rows = ["| method | regime | settings | arm | difference (points) | 95% interval | paired seeds | the interval says |", "|---|---|---|---|---:|---|---:|---|"]
+    rows = ["| method | regime | settings | arm | difference (points) | 95% interval | paired seeds | the interval says | p | Holm over the table |",
+            "|---|---|---|---|---:|---|---:|---|---:|---|"]
     for _, f in frame.iterrows():
         name = f"[{f.method.upper()}]({pages[f.method]})" if f.method in pages else f.method.upper()
-        rows.append(f"| {name} | {f.regime} | {f.settings} | {f.arm} | {f['diff']:+.1f} | {f.low:+.1f} to {f.high:+.1f} | {f.seeds} | {f.decided} |")
+        rows.append(f"| {name} | {f.regime} | {f.settings} | {f.arm} | {f['diff']:+.1f} | {f.low:+.1f} to {f.high:+.1f} | {f.seeds} | {f.decided} "
+                    f"| {f.p:.2g} | {f.holm} |")
     return "\n".join(rows)
 
 # %% ../nbs/11d_findings.ipynb #fcfd3c7c
@@ -130,7 +163,7 @@ def plot_findings(frame: pd.DataFrame, # `findings`
     colour = {"better": "tab:green", "worse": "tab:red", "undecided": "tab:grey"}
     for y, (_, f) in enumerate(frame.iloc[::-1].iterrows()):
         ax.errorbar(f["diff"], y, xerr=[[f["diff"] - f.low], [f.high - f["diff"]]], fmt="o", capsize=3, color=colour[f.decided])
-    ax.set_yticks(range(len(frame)), [f"{m.upper()}, {r}" + (", tuned" if s == "tuned" else "")
+    ax.set_yticks(range(len(frame)), [f"{m.upper()}, {r}" + ("" if s == SETTINGS_OWN else f", {s}")
                                       for m, r, s in zip(frame.method[::-1], frame.regime[::-1], frame.settings[::-1])])
     ax.axvline(0, color="k", lw=0.8); ax.set_xlabel("difference from the baseline (points of the primary metric), 95% interval")
     return ax.figure
