@@ -14,10 +14,11 @@ from .results import runs_frame, load_histories, find_runs
 
 # %% auto #0
 __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS',
-           'LEGACY_NOTE', 'REFERENCE_SEED', 'interval_half_width', 'seeds_needed', 'study_frame', 'paired_difference',
-           'study_table', 'plot_study_curves', 'verdict', 'where_ran', 'seed_ranges', 'study_facts', 'study_report',
-           'metric_name', 'arms_table', 'incomplete', 'short_of_power', 'where_text', 'show_study', 'main_verdict',
-           'regimes', 'read_log', 'reference_run']
+           'LEGACY_NOTE', 'REFERENCE_SEED', 'ACTIVE_SHARE', 'MECHANISM_STUDIES', 'interval_half_width', 'seeds_needed',
+           'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'where_ran',
+           'seed_ranges', 'study_facts', 'study_report', 'metric_name', 'arms_table', 'incomplete', 'short_of_power',
+           'where_text', 'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run', 'mechanism_of',
+           'mechanism_table', 'active_share', 'mechanism_summary', 'show_mechanisms']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -350,3 +351,74 @@ def reference_run(method: str, # the method's study under `results/`; its varian
     if root is None: return None
     path = Path(root)/(study or method)/method/f"seed{seed}"/"log.jsonl"
     return read_log(path) if path.is_file() else None
+
+# %% ../nbs/11a_study.ipynb #de061ff8
+def mechanism_of(run_dir, # a stored run's folder (`metrics.json`, perhaps `log.jsonl`)
+                ) -> dict | None:
+    """A run's activity criterion: the one its `metrics.json` records (checked against `MECHANISM_SCHEMA`), else computed
+    by its method's `activity` from its records; None for a method without one."""
+    import dml_book.methods  # noqa: F401  (fills the registry)
+    from dml_book.registry import METHODS
+    from dml_book.files import read_json, check_schema
+    from dml_book.methods.base import declared_activity, MECHANISM_SCHEMA
+    run = Path(run_dir); fix = f"rerun the run into {run}, or remove the folder"
+    m = read_json(run/"metrics.json", {"config": (lambda v: isinstance(v, dict) and "method" in v, "the run's configuration"),
+                                       "epochs": (lambda v: isinstance(v, list), "the epoch records")}, fix, max_bytes=256 << 20)
+    if "mechanism" in m:
+        return m["mechanism"] if m["mechanism"] is None else check_schema(m["mechanism"], MECHANISM_SCHEMA, run/"metrics.json", fix)
+    steps, epochs = read_log(run/"log.jsonl") if (run/"log.jsonl").is_file() else (pd.DataFrame(), pd.DataFrame(m["epochs"]))
+    return declared_activity(METHODS.get(m["config"]["method"]), steps, epochs, m["config"])
+
+# %% ../nbs/11a_study.ipynb #cc959126
+ACTIVE_SHARE = 0.8   # a study's method arm is "mechanism at work" when this share of its measured seeds meets the criterion
+
+def mechanism_table(study, # a study's folder (`results/<study>`)
+                    arm: str, # the method's arm (a folder of `seed<k>/` runs)
+                   ) -> pd.DataFrame:
+    "Per seed run of `arm`: the criterion (each part with its threshold), its value, threshold and `active` (NA where the stored records cannot say); one column per part of a compound criterion."
+    rows = []
+    for run in sorted(Path(study, arm).glob("seed*"), key=lambda p: int(p.name[4:]) if p.name[4:].isdigit() else -1):
+        if not (run/"metrics.json").is_file(): continue
+        c = mechanism_of(run)
+        if c is None: continue
+        known = c["value"] is not None or any(p["value"] is not None for p in c.get("parts", []))
+        declared = " and ".join(f"{p['criterion']} ≥ {p['threshold']:g}" for p in c.get("parts", [c]))
+        rows.append(dict(seed=int(run.name[4:]), criterion=declared, value=c["value"], threshold=c["threshold"],
+                         active=c["active"] if known else pd.NA, **{p["criterion"]: p["value"] for p in c.get("parts", [])}))
+    return pd.DataFrame(rows, columns=None if rows else ["seed", "criterion", "value", "threshold", "active"])
+
+def active_share(table: pd.DataFrame, # a `mechanism_table`
+                ) -> tuple[int, int]:
+    "Seeds that meet the criterion, and seeds whose stored records can say."
+    known = table.active.dropna() if len(table) else table.active
+    return int(known.astype(bool).sum()), len(known)
+
+# %% ../nbs/11a_study.ipynb #ebc0f955
+MECHANISM_STUDIES = (("from scratch, the papers' settings", "{m}"), ("from scratch, tuned", "{m}/tuned"),
+                     ("pretrained, the papers' settings", "pretrained/{m}"), ("pretrained, tuned", "pretrained/{m}/tuned"))
+
+def mechanism_summary(method: str, # a method with a declared criterion (its studies' method arm has its name)
+                      root=None, # the results store (default: `results/` beside `nbs/` of this clone)
+                     ) -> pd.DataFrame | None:
+    "One row per stored study of `method`: the criterion, the seeds that meet it of those that can say, and each seed's value (a/b: each part's)."
+    from dml_book.results import clone_results
+    root = clone_results() if root is None else Path(root)
+    rows = []
+    for label, study in MECHANISM_STUDIES:
+        folder = Path(root)/study.format(m=method) if root is not None else None
+        if folder is None or not (folder/method).is_dir(): continue
+        t = mechanism_table(folder, method)
+        if not len(t): continue
+        met, known = active_share(t)
+        parts = [k for k in t.columns if k not in ("seed", "criterion", "value", "threshold", "active")] or ["value"]
+        show = lambda r: "/".join("n/a" if pd.isna(r[k]) else f"{r[k]:.3g}" for k in parts)   # a compound criterion: each part's value
+        rows.append({"study": label, "criterion": t.criterion.iloc[0], "met": f"{met} of {known}", "of seeds": len(t),
+                     "values": ", ".join(show(r) for _, r in t.iterrows())})
+    return pd.DataFrame(rows).set_index("study") if rows else None
+
+def show_mechanisms(method: str, root=None):
+    "Print `mechanism_summary` (or a sentence where nothing is stored)."
+    s = mechanism_summary(method, root)
+    if s is None: print(f"No study of {method} is stored in this copy of the book."); return None
+    with pd.option_context("display.max_colwidth", 120, "display.width", 200): print(s.to_string())
+    return s

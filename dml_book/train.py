@@ -17,7 +17,7 @@ from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
 from .data.core import (LabelledSubset, build_split, preprocessing_spec, Decoder, check_evaluation, record_training_split,
                                 dataset_protocol, RUN_RECORD)
 from .models import build_model, Head
-from .methods.base import Method, batch_loss_output
+from .methods.base import Method, batch_loss_output, declared_activity, log_frames
 from .samplers import ClassBalancedBatchSampler
 from .checkpoint import write_checkpoint, read_checkpoint, check_state
 from .files import FileError, to_json, write_json, write_text, append_line, open_lock, check_folder, refuse_links
@@ -633,6 +633,13 @@ def run_summary(self: Trainer) -> dict:
     return dict(steps=self.step, steps_per_epoch=self.steps_per_epoch, precision=resolve_precision(self.cfg.precision, self.device),
                 **{k: count(ds) for k, ds in splits.items()})
 
+# %% ../nbs/08_train.ipynb #c30a3e3f
+@patch
+def mechanism(self: Trainer) -> dict | None:
+    "The method's declared activity criterion on this run's records (`Method.activity`); None for a method without one."
+    steps, epochs = log_frames(self.history)
+    return declared_activity(type(self.method), steps, epochs, asdict(self.cfg))
+
 # %% ../nbs/08_train.ipynb #f8be7c18
 @patch
 def write_metrics(self: Trainer):
@@ -643,7 +650,7 @@ def write_metrics(self: Trainer):
                           else {f"val_{k}": v for k, v in _metrics(evaluated[-1], "val_").items()})
     if not self.dist.is_main: return
     summary = dict(config=asdict(self.cfg), environment=environment(), untrained=_metrics(epochs[0]),
-                   final=self.final_metrics, epochs=epochs, run=self.run_summary())
+                   final=self.final_metrics, epochs=epochs, run=self.run_summary(), mechanism=self.mechanism())
     if (best := select_epoch(epochs)) is not None:   # model selection on the validation split, never on the test split
         summary["selected"] = dict(epoch=best["epoch"], validation=_metrics(best, "val_"), test=_metrics(best))
     write_json(self.out/"metrics.json", summary, indent=1)

@@ -198,3 +198,33 @@ def test_tuple_distances_by_hand():
     d_ap, d_an = tuple_distances(z, (torch.tensor([0, 0]), torch.tensor([1, 2]), torch.tensor([2, 3])))
     assert math.isclose(d_ap.item(), 3.0) and math.isclose(d_an.item(), 1.0) and not d_ap.requires_grad
     assert all(math.isnan(x.item()) for x in tuple_distances(z, (torch.tensor([], dtype=torch.long),)*3))
+
+
+def late(records, n):
+    "The records of the last third of an n-epoch run, by hand: epochs after 2n/3."
+    return [r for r in records if r["epoch"] > 2 * n / 3]
+
+
+def test_activity_criteria_on_the_stored_runs_by_hand():
+    "Each method's declared criterion (`mechanism_of`) on its reference run, recomputed from the raw log lines and metrics.json."
+    from dml_book.study import mechanism_of
+    from dml_book.methods.pads import init_probs
+    for m in STORED:
+        if not (RESULTS/m/m/"seed0"/"log.jsonl").exists(): pytest.skip(f"no reference log for {m}")
+    got = {m: mechanism_of(RESULTS/m/m/"seed0") for m in STORED}
+    steps, epochs = raw("hdml"); n = epochs[-1]["epoch"]
+    w, viol = (float(np.mean([r[k] for r in late(steps, n)])) for k in ("weight", "viol_syn"))
+    assert [p["value"] for p in got["hdml"]["parts"]] == pytest.approx([1 - w, 1 - viol], abs=1e-12)
+    assert got["hdml"]["active"] == (1 - w >= 0.1 and 1 - viol >= 0.2)
+    steps, epochs = raw("ala"); n = epochs[-1]["epoch"]
+    assert got["ala"]["value"] == pytest.approx(np.mean([r["weight_hardness_corr"] for r in late(epochs, n)]), abs=1e-12)
+    cw = np.array(raw("dcml")[1][-1]["compositor_weights"]); K = cw.shape[1]
+    assert got["dcml"]["value"] == pytest.approx((cw.max(1).mean() - 1 / K) / (1 - 1 / K), abs=1e-6)
+    cfg = json.loads((RESULTS/"pads"/"pads"/"seed0"/"metrics.json").read_text())["config"]
+    pads = PADS(**cfg["method_kwargs"])
+    p0 = init_probs(pads.init, pads.distribution.centers, dim=cfg["embedding_dim"]).numpy()
+    epochs = raw("pads")[1]; n = epochs[-1]["epoch"]
+    kl = [sum(p * math.log(p / q) for p, q in zip(r["pads_probs"], p0) if p > 0) for r in late(epochs, n)]
+    assert got["pads"]["value"] == pytest.approx(np.mean(kl), rel=1e-9)
+    n_s = json.loads((RESULTS/"dmml"/"dmml"/"seed0"/"metrics.json").read_text())["config"]["method_kwargs"]["n_support"]
+    assert (got["dmml"]["value"], got["dmml"]["active"]) == (n_s, n_s >= 2)

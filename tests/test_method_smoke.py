@@ -6,6 +6,7 @@ import pytest
 import dml_book.methods  # noqa: F401  (fills METHODS)
 from dml_book.registry import METHODS
 from dml_book.cli import main
+from dml_book.methods.base import declared_activity, log_frames
 
 GLYPHS = {"size": 16, "per_font": 1}   # the built-in glyphs at a quarter of the pixels and half the images
 
@@ -21,3 +22,12 @@ def test_every_registered_method_trains_two_steps_by_name(method, tmp_path, one_
     steps = [json.loads(l) for l in (out/"log.jsonl").read_text().splitlines() if json.loads(l)["kind"] == "step"]
     assert [s["step"] for s in steps] == [1, 2] and all(math.isfinite(s["loss"]) for s in steps)
     assert 0 <= metrics["final"]["R@1"] <= 1
+    records = [json.loads(l) for l in (out/"log.jsonl").read_text().splitlines()]
+    assert metrics["mechanism"] == declared_activity(METHODS.get(method), *log_frames(records), metrics["config"])   # what the log says
+    mech = metrics["mechanism"]
+    if method in ("hdml", "ala", "dcml", "pads", "dmml"): assert {"criterion", "value", "threshold", "active"} <= set(mech)
+    else: assert mech is None   # the baseline and the episode baseline declare no mechanism
+    if method == "hdml": assert mech["parts"][0]["value"] == 0.0 and not mech["active"]   # w = 1 until J_gen's first window (64 steps)
+    if method == "pads": assert mech["value"] == 0.0 and not mech["active"]   # no policy step in 2 iterations (one every 30): p = p_0
+    if method == "dmml": assert (mech["value"], mech["active"]) == (5.0, True)   # n_support's default
+    if method == "dcml": assert math.isfinite(mech["value"])   # the compositors' weights were logged

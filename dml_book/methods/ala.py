@@ -23,10 +23,10 @@ from .base import Method, TrainerView
 from ..distributed import broadcast_object
 
 # %% auto #0
-__all__ = ['WeightRule', 'StepParameters', 'ALA_ARMS', 'tuple_embeddings', 'tuple_hardness', 'hardness_ratio', 'assessment_stats',
-           'Assessor', 'one_step', 'weighted_sum', 'meta_objective', 'meta_surrogate', 'rule_weights', 'ALA',
-           'plot_assessment', 'assessment_sentence', 'plot_weight_analysis', 'paper_differences', 'late_means',
-           'hardness_clause', 'ala_conclusion']
+__all__ = ['WeightRule', 'StepParameters', 'FOLLOWS_HARDNESS', 'ALA_ARMS', 'tuple_embeddings', 'tuple_hardness', 'hardness_ratio',
+           'assessment_stats', 'Assessor', 'one_step', 'weighted_sum', 'meta_objective', 'meta_surrogate',
+           'rule_weights', 'ALA', 'plot_assessment', 'assessment_sentence', 'plot_weight_analysis', 'paper_differences',
+           'late_means', 'hardness_clause', 'ala_conclusion']
 
 # %% ../../nbs/20_methods.ala.ipynb #e74b70d5
 def tuple_embeddings(emb: Tensor, # (B, D) embeddings of the batch
@@ -444,6 +444,18 @@ def assessment_sentence(steps, # step records of an ALA run (`read_log`)
 def diagnose(cls: ALA, steps, epochs, method_kwargs) -> list[str]:
     "The assessor's weights over training (`plot_assessment`) and their sentence: `Method.diagnose` for ALA."
     plot_assessment(steps, epochs); return [assessment_sentence(steps, epochs)]
+
+# %% ../../nbs/20_methods.ala.ipynb #286dcc51
+from .base import criterion, last_third
+
+FOLLOWS_HARDNESS = 0.1   # mean corr(weight, hardness) over the last third: the weights lean towards the harder tuples
+
+@patch(cls_method=True)
+def activity(cls: ALA, steps, epochs, config) -> dict:
+    "The weights follow hardness: `weight_hardness_corr` of the epoch records, mean over the last third: `Method.activity` for ALA."
+    late = last_third(epochs)
+    value = float(late.weight_hardness_corr.mean()) if "weight_hardness_corr" in late else None
+    return criterion("corr(weight, hardness), last third", value, FOLLOWS_HARDNESS)
 
 # %% ../../nbs/20_methods.ala.ipynb #15dbef55
 def plot_weight_analysis(steps, # step records of an ALA run (`read_log`): `weight_std`, `weight_mean`, `awh`, ...

@@ -6,13 +6,15 @@ Docs: https://dml-book.github.io/dml_book/methods.base.html.md"""
 
 # %% ../../nbs/08a_methods.base.ipynb #5e184975
 from __future__ import annotations
+import math
 from typing import Any, Protocol, runtime_checkable
 import torch, torch.nn as nn
 from fastcore.basics import patch
 from ..registry import METHODS
 
 # %% auto #0
-__all__ = ['TrainerView', 'Method', 'MethodError', 'batch_loss_output', 'Baseline']
+__all__ = ['MECHANISM_SCHEMA', 'TrainerView', 'Method', 'criterion', 'all_of', 'last_third', 'log_frames', 'declared_activity',
+           'MethodError', 'batch_loss_output', 'Baseline']
 
 # %% ../../nbs/08a_methods.base.ipynb #8cd8ef43
 @runtime_checkable
@@ -131,6 +133,59 @@ def custom_step(self: Method, trainer: TrainerView, # the run
 def check(self: Method, cfg, # the run's `TrainConfig`, every field already checked
          ) -> None:
     "Refuse, before any data is loaded, settings this method cannot train with: raise `ConfigError` naming the fix."
+
+# %% ../../nbs/08a_methods.base.ipynb #cb9e9ff8
+def criterion(name: str, # what is measured, in words
+              value, # the number read from the log (None or NaN: the log lacks it)
+              threshold: float, # the least value at which the mechanism counts as at work
+             ) -> dict:
+    "A declared activity criterion's record: active when `value` reaches `threshold` (never where the value is missing)."
+    v = None if value is None or not math.isfinite(float(value)) else float(value)
+    return {"criterion": name, "value": v, "threshold": float(threshold), "active": v is not None and v >= threshold}
+
+def all_of(*parts: dict) -> dict:
+    "A criterion of several `criterion` parts, active when all are; its value and threshold are the first failing part's (else the first's)."
+    if not parts: raise ValueError("all_of needs at least one criterion")
+    bind = next((p for p in parts if not p["active"]), parts[0])
+    return {"criterion": " and ".join(p["criterion"] for p in parts), "value": bind["value"], "threshold": bind["threshold"],
+            "active": all(p["active"] for p in parts), "parts": list(parts)}
+
+# %% ../../nbs/08a_methods.base.ipynb #2495fbd9
+def last_third(records, # step or epoch records (`read_log`) with an `epoch` column
+              ):
+    "The records of the last third of training: epochs after two thirds of the last epoch logged (epoch 0, before training, never)."
+    if len(records) == 0 or "epoch" not in records: return records
+    return records[(records.epoch > 2 * records.epoch.max() / 3) & (records.epoch > 0)]
+
+def log_frames(records: list[dict], # a run's log records (`Trainer.history`, or the lines of `log.jsonl`)
+              ):
+    "The step records and the epoch records, one DataFrame each (as `read_log` gives them)."
+    import pandas as pd
+    frame = lambda kind: pd.DataFrame([r for r in records if r.get("kind") == kind]).reset_index(drop=True)
+    return frame("step"), frame("epoch")
+
+# %% ../../nbs/08a_methods.base.ipynb #1d41b693
+@patch(cls_method=True)
+def activity(cls: Method,
+             steps, # a run's step records (`read_log`; may be empty where only the epoch records are stored)
+             epochs, # its epoch records
+             config: dict, # its `TrainConfig` as a dict (`metrics.json`'s "config")
+            ) -> dict:
+    "The method's declared activity criterion on a run's log (`criterion`): is its mechanism at work?"
+    raise NotImplementedError(f"{cls.__name__} declares no activity criterion of a mechanism")
+
+def declared_activity(method: type, # a `Method` subclass
+                      steps, epochs, # a run's records (`log_frames`, `read_log`)
+                      config: dict, # its configuration
+                     ) -> dict | None:
+    "`method.activity` on a run's records; None for a method that declares none (the baseline)."
+    if method.activity.__func__ is Method.activity.__func__: return None
+    return method.activity(steps, epochs, config)
+
+MECHANISM_SCHEMA = {"criterion": (lambda v: isinstance(v, str) and v != "", "the criterion in words"),   # `check_schema` of a run's "mechanism"
+                    "value": (lambda v: v is None or isinstance(v, (int, float)) and not isinstance(v, bool), "a number or null"),
+                    "threshold": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+                    "active": (lambda v: isinstance(v, bool), "true or false")}
 
 # %% ../../nbs/08a_methods.base.ipynb #70415d91
 class MethodError(TypeError):

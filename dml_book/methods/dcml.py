@@ -20,7 +20,7 @@ import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
 # %% auto #0
 __all__ = ['Weighting', 'NEARLY_EVEN', 'concatenate', 'Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose',
            'rein_loss', 'ensemble_weights', 'FCComposer', 'DCML', 'learner_distances', 'epoch_weights',
-           'plot_compositor_weights', 'compositor_sentence']
+           'plot_compositor_weights', 'compositor_sentence', 'compositor_selection']
 
 # %% ../../nbs/22_methods.dcml.ipynb #14964b84
 def concatenate(g: torch.Tensor, # (B, K, D) sub-embeddings
@@ -373,3 +373,19 @@ def compositor_sentence(epochs, # epoch records of a DCML run (`read_log`) with 
 def diagnose(cls: DCML, steps, epochs, method_kwargs) -> list[str]:
     "The compositors' weights over the learners (`plot_compositor_weights`) and their sentence: `Method.diagnose` for DCML."
     plot_compositor_weights(epochs); return [compositor_sentence(epochs)]
+
+# %% ../../nbs/22_methods.dcml.ipynb #023359f0
+from .base import criterion
+
+def compositor_selection(epochs, # epoch records of a DCML run (`read_log`) with `compositor_weights`
+                        ) -> float | None:
+    "The compositors' mean selection (top - 1/K) / (1 - 1/K) at the last epoch that logged weights; None without weights or with one learner."
+    if "compositor_weights" not in epochs or epochs.compositor_weights.isna().all(): return None
+    w = epoch_weights(epochs)[1][-1].double()   # (M, K) at the last epoch
+    even = 1 / w.shape[1]
+    return None if w.shape[1] < 2 else float((w.amax(-1).mean() - even) / (1 - even))
+
+@patch(cls_method=True)
+def activity(cls: DCML, steps, epochs, config) -> dict:
+    "The compositors select (`compositor_selection` at least `NEARLY_EVEN`): `Method.activity` for DCML."
+    return criterion("compositor selection at the last epoch", compositor_selection(epochs), NEARLY_EVEN)

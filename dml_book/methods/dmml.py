@@ -18,9 +18,9 @@ from ..samplers import TaskSampler
 from .base import Method, TrainerView
 
 # %% auto #0
-__all__ = ['Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss', 'MetaCellLoss', 'DMML',
-           'ClassShare', 'episode_sampler', 'flip_embed', 'EpisodeBaseline', 'plot_set_distances',
-           'set_distance_sentence']
+__all__ = ['MIN_SUPPORT', 'Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss',
+           'MetaCellLoss', 'DMML', 'ClassShare', 'episode_sampler', 'flip_embed', 'EpisodeBaseline',
+           'plot_set_distances', 'set_distance_sentence']
 
 # %% ../../nbs/24_methods.dmml.ipynb #7d9c62df
 class Episode(NamedTuple):
@@ -328,6 +328,18 @@ def diagnose(cls: DMML, steps, epochs, method_kwargs) -> list[str]:
     import inspect
     tau = method_kwargs.get("margin", inspect.signature(cls).parameters["margin"].default)
     plot_set_distances(steps, tau); return [set_distance_sentence(steps, tau)]
+
+# %% ../../nbs/24_methods.dmml.ipynb #f431934f
+import inspect
+from .base import criterion
+
+MIN_SUPPORT = 2   # support images per meta-cell: with one, the set distances of eqs. (9) and (10) are plain distances
+
+@patch(cls_method=True)
+def activity(cls: DMML, steps, epochs, config) -> dict:
+    "Meta-cells of at least `MIN_SUPPORT` support images (`n_support` of the run's configuration): `Method.activity` for DMML."
+    n = config["method_kwargs"].get("n_support", inspect.signature(cls).parameters["n_support"].default)
+    return criterion("support images per meta-cell", n, MIN_SUPPORT)
 
 # %% ../../nbs/24_methods.dmml.ipynb #698eb6b5
 _EPISODE = dict(n_classes=16, n_support=3, n_query=1)   # the study's episode on glyphs-XL: 16 x (3 + 1) = 64 images, its batch size

@@ -19,11 +19,11 @@ from .base import Method, TrainerView
 from ..samplers import TripletBatchSampler
 
 # %% auto #0
-__all__ = ['HARDNESS_KEYS', 'UNSATISFIABLE', 'hardness_aware_augment', 'pulling_lambda', 'Generator', 'reconstruction_loss',
-           'generator_objective', 'synthesis_weight', 'metric_objective', 'WindowAverage', 'official_triplet_loss',
-           'decay_penalty', 'official_j_m', 'random_triplets', 'npair_pairs', 'triplet_synthesis', 'npair_synthesis',
-           'grouped_npair_loss', 'HDML', 'tuple_distances', 'violation_share', 'hardness_per_epoch', 'plot_hardness',
-           'hardness_criterion', 'hardness_sentence']
+__all__ = ['HARDNESS_KEYS', 'UNSATISFIABLE', 'SYNTHETIC_FLOOR', 'SATISFIABLE_FLOOR', 'hardness_aware_augment', 'pulling_lambda',
+           'Generator', 'reconstruction_loss', 'generator_objective', 'synthesis_weight', 'metric_objective',
+           'WindowAverage', 'official_triplet_loss', 'decay_penalty', 'official_j_m', 'random_triplets', 'npair_pairs',
+           'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML', 'tuple_distances', 'violation_share',
+           'hardness_per_epoch', 'plot_hardness', 'hardness_criterion', 'hardness_sentence']
 
 # %% ../../nbs/21_methods.hdml.ipynb #99bfb0dd
 def _check_augment(z, z_neg, d_ref, lam):
@@ -551,3 +551,19 @@ def hardness_sentence(steps, # step records of an HDML run (`read_log`)
 def diagnose(cls: HDML, steps, epochs, method_kwargs) -> list[str]:
     "The hardness schedule and what it did to the triplets (`plot_hardness`), and its sentence: `Method.diagnose` for HDML."
     plot_hardness(steps); return [hardness_sentence(steps)]
+
+# %% ../../nbs/21_methods.hdml.ipynb #b20e11eb
+from .base import criterion, all_of, last_third
+
+SYNTHETIC_FLOOR = 0.1     # 1 - w of eq. (11), mean over the last third: a tenth of J_metric's weight on the synthetic tuples
+SATISFIABLE_FLOOR = 0.2   # share of synthetic triplets that meet the margin, mean over the last third: one in five
+
+@patch(cls_method=True)
+def activity(cls: HDML, steps, epochs, config) -> dict:
+    "Synthesis in the loss (1 - w of eq. 11) and, for triplets, synthetic triplets that can meet the margin, over the last third: `Method.activity` for HDML."
+    late = last_third(steps)
+    mean = lambda k: float(late[k].mean()) if k in late else None
+    w, viol = mean("weight"), mean("viol_syn")
+    weight = criterion("synthetic weight 1 - w", None if w is None else 1 - w, SYNTHETIC_FLOOR)
+    if not issubclass(LOSSES.get(config["loss"]), TripletLoss): return weight   # N-pair: no margin to violate
+    return all_of(weight, criterion("synthetic triplets meeting the margin", None if viol is None else 1 - viol, SATISFIABLE_FLOOR))

@@ -23,7 +23,7 @@ from .pads_policy import (ACTION_VALUES, TrainingState, PolicyLearner, apply_act
                                           AdvantageBaseline, CriticTarget)
 
 # %% auto #0
-__all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'NegativeSampler', 'SAMPLERS', 'bin_index',
+__all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'NegativeSampler', 'SAMPLERS', 'MOVED', 'bin_index',
            'BinnedDistribution', 'negative_weights', 'sample_triplets', 'triplet_stats', 'DistanceWeighted', 'SemiHard',
            'DistributionSampler', 'init_probs', 'validation_split', 'class_distances', 'PADS', 'plot_trajectory',
            'distribution_means', 'plot_critic', 'plot_policy_run', 'distribution_sentence', 'critic_sentence',
@@ -554,3 +554,19 @@ def diagnose(cls: PADS, steps, epochs, method_kwargs) -> list[str]:
     edges = cls(**method_kwargs).distribution.edges
     plot_policy_run(steps, edges)
     return [distribution_sentence(epochs, edges), critic_sentence(steps), signal_sentence(steps, edges)]
+
+# %% ../../nbs/23_methods.pads.ipynb #18de4b91
+from scipy.special import rel_entr
+from .base import criterion, last_third
+
+MOVED = 0.1   # nats: the mean KL(p_e || p_0) over the last third's epochs; ~ an even split of two halves of the bins moved to 72:28
+
+@patch(cls_method=True)
+def activity(cls: PADS, steps, epochs, config) -> dict:
+    "The policy moves p away from its initial distribution (mean KL over the last third's epochs): `Method.activity` for PADS."
+    m = cls(**config["method_kwargs"])
+    p0 = init_probs(m.init, m.distribution.centers, dim=config["embedding_dim"]).numpy()
+    late = last_third(epochs)
+    late = late.dropna(subset=["pads_probs"]) if "pads_probs" in late else late.iloc[:0]
+    kl = [rel_entr(np.asarray(p, dtype=float), p0).sum() for p in late.get("pads_probs", [])]
+    return criterion("KL(p || p_0) in nats, last third", float(np.mean(kl)) if kl else None, MOVED)
