@@ -12,8 +12,9 @@ from .study import study_report, paired_difference, metric_name
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'main_arm', 'paired_p', 'finding', 'arm_means', 'tuning_moves',
-           'moves_sentence', 'holm', 'findings', 'finding_text', 'verdict_cell', 'findings_markdown', 'plot_findings']
+__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'main_arm', 'paired_p', 'mechanism_at_work', 'finding', 'arm_means',
+           'tuning_moves', 'moves_sentence', 'holm', 'findings', 'finding_text', 'verdict_cell', 'findings_markdown',
+           'plot_findings']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
@@ -37,6 +38,19 @@ def paired_p(mean: float, # the mean paired difference
     if std == 0: return 0.0 if mean != 0 else 1.0
     return float(2 * stats.t.sf(abs(mean) / (std / n ** 0.5), n - 1))
 
+def mechanism_at_work(study, # a study's folder
+                      arm: str, # its method's arm
+                      settings: str, # a key of `SETTINGS`
+                     ) -> dict:
+    """`mechanism`: whether the arm's runs kept the method's mechanism at work by its declared criterion (`mechanism_table`):
+    'at work' where at least `ACTIVE_SHARE` of the seeds that can say met it, else 'tuned away' (tuned settings) or 'not at
+    work'; None where no run can say. `mechanism_seeds`: 'met of known'."""
+    from dml_book.study import mechanism_table, active_share, ACTIVE_SHARE
+    met, known = active_share(mechanism_table(study, arm))
+    if not known: return dict(mechanism=None, mechanism_seeds=None)
+    at_work = met / known >= ACTIVE_SHARE
+    return dict(mechanism="at work" if at_work else "tuned away" if settings != SETTINGS_OWN else "not at work", mechanism_seeds=f"{met} of {known}")
+
 def finding(method: str, # a method with a study under `results/`
             regime: str = "from scratch", # a key of `REGIMES`
             root=None, # the results store (default: `results_dir()`)
@@ -50,7 +64,7 @@ def finding(method: str, # a method with a study under `results/`
     diff, low, high = (100 * p[k] for k in ("mean", "low", "high"))
     return dict(method=method, regime=regime, settings=settings, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
                 seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm],
-                p=paired_p(p["mean"], p["std"], p["n"]))
+                p=paired_p(p["mean"], p["std"], p["n"]), **mechanism_at_work(rep["root"], arm, settings))
 
 # %% ../nbs/11d_findings.ipynb #9e09e9a7
 def arm_means(name: str, # a method's study
@@ -112,13 +126,14 @@ def findings(methods=None, # method names (default: each study at the top of the
 # %% ../nbs/11d_findings.ipynb #c5fc0aad
 def finding_text(f: dict | None, # a `finding`
                 ) -> str:
-    """A finding in a table cell: '-17.2 (-18.1 to -16.2), 17 seeds: worse'; with its family's Holm adjustment (a row of
-    `findings`): '... worse (p < 0.001, Holm: worse)'; 'no study stored' for None."""
+    """A finding in a table cell: '-17.2 (-18.1 to -16.2), 17 seeds: worse'; with its family's Holm adjustment and its
+    mechanism (a row of `findings`): '... worse (p < 0.001, Holm: worse; mechanism at work in 5 of 5 seeds)'; 'no study stored' for None."""
     if f is None: return "no study stored"
     text = f"{f['diff']:+.1f} ({f['low']:+.1f} to {f['high']:+.1f}), {f['seeds']} seeds: {f['decided']}"
     if "p_holm" not in f: return text
     p = "p < 0.001" if f["p"] < 0.001 else f"p = {f['p']:.2g}"
-    return text + f" ({p}, Holm: {f['holm']})"
+    mech = f"; mechanism {f['mechanism']} in {f['mechanism_seeds']} seeds" if f.get("mechanism") else ""
+    return text + f" ({p}, Holm: {f['holm']}{mech})"
 
 def verdict_cell(method: str, # a method's name
                  root=None, # the results store
