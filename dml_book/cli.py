@@ -176,7 +176,8 @@ def tune_command(args, # the parsed command-line arguments
                 ) -> int:
     "Run `dml-book tune`: the arms' trials until each has its budget, a line per arm, then (`--decide`) the tuned study, from scratch and pretrained."
     from dml_book.registry import check_choice
-    from dml_book.tune import tuning_spec, tune, tuned_study, pretrained_tuned_study, counted, TRIALS, TRIAL_EPOCHS, PRETRAINED_TUNED_SEEDS
+    from dml_book.tune import tuning_spec, tune, tuned_study, pretrained_tuned_study, TRIALS, TRIAL_EPOCHS, PRETRAINED_TUNED_SEEDS
+    from dml_book.tuning_report import counted
     t = tuning_spec(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS)
     for a in args.arm or (): check_choice("arm", a, sorted(t.spaces))
     frame = tune(t, args.results, args.storage, args.jobs, tuple(args.arm) if args.arm else None)

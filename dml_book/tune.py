@@ -20,10 +20,7 @@ __all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATIO
            'calibration_configs', 'calibrate_trial_length', 'trial_length_check', 'rank_agreement', 'default_storage',
            'open_storage', 'creation_lock', 'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder',
            'trial_origin', 'fail_stale', 'claim', 'beating', 'run_one', 'recover_finished', 'tune', 'trials_frame',
-           'write_trials', 'space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far',
-           'knob_importances', 'best_settings', 'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism',
-           'where_trials_ran', 'show_tuning', 'best_values', 'tuned_study', 'pretrained_tuned_study',
-           'shared_swap_study']
+           'write_trials', 'best_values', 'tuned_study', 'pretrained_tuned_study', 'shared_swap_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -159,6 +156,15 @@ class Tuning:
         for k, v in knob_values(cfg, self.spaces[arm]).items():
             vals[k] = _default(cfg, k) if v is None and "." in k else v
         return vals
+
+    def check(self, arms: tuple): # the arms to tune
+        "Refuse, in one line, tuned arms that differ from the baseline in an undeclared field (`check_arms`)."
+        check_arms(replace(self.study, arms={a: self.study.arms[a] for a in {self.study.baseline, *arms}}))
+
+    def trial(self, arm: str, values: dict, out): # an arm, its knobs' values, and the trial's folder
+        "The trial's configuration (`config`), checked against its arm (`check_trial`), writing to `out`."
+        cfg = self.config(arm, values); check_trial(self, arm, cfg)
+        return replace(cfg, out=str(out))
 
 def tuning_spec(name: str, # a study with a search space: hdml, dcml, dmml, ala, pads
                 trials: int = TRIALS, epochs: int = TRIAL_EPOCHS) -> Tuning:
@@ -298,8 +304,7 @@ def _objective(tuning: Tuning, arm: str, root: Path, threads: int):
         trial.study.sampler = optuna.samplers.TPESampler(seed=tuning.seed + trial.number, n_startup_trials=8)   # reproducible per trial
         if _rank(trial) >= tuning.trials: raise optuna.TrialPruned("over budget: another process took the last trial")
         values = {k.field: k.suggest(trial) for k in tuning.spaces[arm]}
-        cfg = tuning.config(arm, values); check_trial(tuning, arm, cfg)
-        cfg = replace(cfg, out=str(trial_folder(root, arm, trial)))
+        cfg = tuning.trial(arm, values, trial_folder(root, arm, trial))
         try: final = run_trial(cfg, threads, root.parent.parent)
         except TrainingDiverged as e: trial.set_user_attr("diverged", str(e)); return 0.0   # as good as chance: TPE learns to avoid it
         trial.set_user_attr("cpu_seconds", json.loads((Path(cfg.out)/"run.json").read_text())["cpu_seconds"])
@@ -419,7 +424,7 @@ def tune(tuning: Tuning, # what to tune (`tuning_spec`)
     "Run the arms' trials until each has `tuning.trials` complete (resuming what is stored); one row per trial."
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
-    arms = tuple(arms or tuning.spaces); check_arms(replace(tuning.study, arms={a: tuning.study.arms[a] for a in {tuning.study.baseline, *arms}}))
+    arms = tuple(arms or tuning.spaces); tuning.check(arms)
     root = Path(results)/tuning.study.name/"tuning"; url = storage or default_storage(results, tuning.study.name)
     threads = _threads(jobs)
     store = open_storage(url, heartbeat); studies = {a: optuna_study(tuning, a, store) for a in arms}
@@ -453,189 +458,6 @@ def write_trials(study, path: Path, budget: int | None = None):
     "Write `trials_frame(study, budget)` to `path` (whole file, renamed into place)."
     from dml_book.files import write_text
     path.parent.mkdir(parents=True, exist_ok=True); write_text(path, trials_frame(study, budget).to_csv(index=False))
-
-# %% ../nbs/11e_tune.ipynb #9dd03ff1
-def space_frame(tuning: Tuning) -> pd.DataFrame:
-    "The search space as the page prints it: per arm and knob, its range or choices and the arm's first trial."
-    return pd.DataFrame([dict(arm=a, knob=k.field, drawn_from=str(k).split(" in ", 1)[1], first_trial=tuning.first(a)[k.field])
-                         for a, ks in tuning.spaces.items() for k in ks]).set_index(["arm", "knob"])
-
-# %% ../nbs/11e_tune.ipynb #1fca4448
-def read_trials(results, # the results store
-                name: str, # the study
-               ) -> pd.DataFrame | None:
-    "Every stored `trials.csv` of study `name`, with its arm; None when none is stored."
-    files = sorted((Path(results)/name/"tuning").glob("*/trials.csv"))
-    return pd.concat([pd.read_csv(f).assign(arm=f.parent.name) for f in files], ignore_index=True) if files else None
-
-def counted(trials: pd.DataFrame) -> pd.DataFrame:
-    "The trials that count towards the budget: each setting's first complete try (a repeated retry does not count twice)."
-    return trials[trials.counted] if "counted" in trials else trials[trials.state == "COMPLETE"]
-
-def best_so_far(trials: pd.DataFrame) -> pd.DataFrame:
-    "Per arm and complete trial (in the order of their numbers): the best validation R@1 so far, in points."
-    done = counted(trials).sort_values("number")
-    return pd.concat({a: pd.DataFrame(dict(trial=range(1, len(g) + 1), best=100 * g.val_R1.cummax().to_numpy()))
-                      for a, g in done.groupby("arm")}, names=["arm"]).reset_index(level=0).reset_index(drop=True)
-
-# %% ../nbs/11e_tune.ipynb #ea21afeb
-def plot_best_so_far(trials: pd.DataFrame, title: str = ""):
-    "The best validation R@1 so far against the number of complete trials, one line per arm."
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 3.2), layout="constrained")
-    for arm, g in best_so_far(trials).groupby("arm"): ax.step(g.trial, g.best, where="post", marker=".", label=arm)
-    ax.set(xlabel="complete trials", ylabel="best validation R@1 so far", title=title); ax.legend()
-    return fig
-
-# %% ../nbs/11e_tune.ipynb #aa1fb8bf
-def knob_importances(tuning: Tuning, # the tuning
-                     trials: pd.DataFrame, # `read_trials`
-                     seed: int = 0, # the forest's seed: the same trials give the same importances
-                    ) -> pd.DataFrame:
-    """Per knob (rows) and arm (columns): the share of the variation of validation R@1 among the arm's counted trials
-    that the knob explains (Optuna's fANOVA importance evaluator, read from the stored `trials.csv`; NaN: not the arm's)."""
-    import optuna
-    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    out = {}
-    for arm, g in counted(trials).groupby("arm"):
-        space = {k.field: k.distribution() for k in tuning.spaces[arm]}
-        study = optuna.create_study(direction="maximize")
-        study.add_trials([optuna.trial.create_trial(params=json.loads(r.params), distributions=space, value=r.val_R1)
-                          for r in g.itertuples()])
-        if len(g) >= 2: out[arm] = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=seed))
-    return pd.DataFrame(out).sort_index()
-
-def best_settings(tuning: Tuning, # the tuning
-                  trials: pd.DataFrame, # `read_trials`
-                 ) -> pd.DataFrame:
-    "Per arm and knob: the first trial's value (the study's own setting: the paper's, for a method) and the best trial's."
-    rows = []
-    for arm, g in counted(trials).groupby("arm"):
-        best = json.loads(g.loc[g.val_R1.idxmax()].params); first = tuning.first(arm)
-        rows += [dict(arm=arm, knob=k.field, first_trial=first[k.field], best_trial=best[k.field]) for k in tuning.spaces[arm]]
-    return pd.DataFrame(rows).set_index(["arm", "knob"])
-
-# %% ../nbs/11e_tune.ipynb #1af272be
-def tuning_progress(trials: pd.DataFrame, budget: int = TRIALS) -> pd.DataFrame:
-    "Per arm: complete trials against the budget, the best validation R@1 (points) and its trial's settings."
-    rows = []
-    for arm, g in trials.groupby("arm"):
-        done = counted(g); best = done.loc[done.val_R1.idxmax()] if len(done) else None
-        first = g[g["first"]]
-        rows.append(dict(arm=arm, complete=len(done), budget=budget, cpu_minutes=round(g.cpu_seconds.sum() / 60, 1),
-                         first_val_R1=round(100 * first.val_R1.max(), 2) if len(first) else None,
-                         best_val_R1=None if best is None else round(100 * best.val_R1, 2), best_trial=None if best is None else int(best.number)))
-    return pd.DataFrame(rows).set_index("arm")
-
-def both_verdicts(name: str, # a method's study
-                  root=None, # the results store (default: `results_dir()`)
-                 ) -> pd.DataFrame:
-    "The study's verdict at the papers' settings beside the tuned one, per regime (`dml_book.findings`); 'no study stored' where none is, 'not stored yet' for a tuned one."
-    from dml_book.findings import REGIMES, SETTINGS, finding, finding_text
-    said = lambda r, s: finding_text(finding(name, r, root, s))
-    return pd.DataFrame({s: {r: said(r, s).replace("no study stored", "not stored yet") if s == "tuned" else said(r, s) for r in REGIMES}
-                         for s in SETTINGS}).rename_axis("regime")
-
-_AGAINST = {"better": "better than the baseline", "worse": "worse than the baseline", "undecided": "not told apart from the baseline"}
-
-def tuning_sentence(name: str, # a method with a search space
-                    root=None, # the results store (default: `results_dir()`)
-                   ) -> str:
-    """What tuning alike did to the method's verdict (from scratch), in a sentence or two computed from `results/`: both
-    verdicts, whether the tuning changed it, and the knob that mattered most for the method's arm with its move."""
-    from dml_book.findings import finding, finding_text, tuning_moves, moves_sentence
-    from dml_book.results import results_dir
-    root = results_dir() if root is None else Path(root)
-    own, tuned, label = finding(name, root=root), finding(name, root=root, settings="tuned"), name.upper()
-    if own is None: return f"No study of {label} is stored."
-    said = f"At the papers' settings {label} is {_AGAINST[own['decided']]} ({finding_text(own)})"
-    trials = read_trials(root, name)
-    if tuned is None:
-        n = 0 if trials is None else counted(trials).groupby("arm").size().min()
-        if n >= TRIALS: return said + f"; tuned alike, both arms have their {TRIALS} trials, but the tuned study is not stored yet."
-        return said + f"; tuned alike it is not decided yet ({n} of {TRIALS} trials per arm stored)."
-    change = "did not change the verdict" if tuned["decided"] == own["decided"] else "changed the verdict"
-    said += f"; tuned alike it is {_AGAINST[tuned['decided']]} ({finding_text(tuned)}): tuning {change}."
-    moved = tuning_moves(name, root).get("from scratch")   # a verdict moves when either arm does: say which did
-    if moved is not None: said += " " + moves_sentence(name, moved)
-    t = tuning_spec(name); imp = knob_importances(t, trials)
-    if name in imp and imp[name].notna().any():
-        knob = imp[name].idxmax(); row = best_settings(t, trials).loc[(name, knob)]
-        show = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
-        said += (f" The knob that mattered most for {label}'s trials is {knob} (fANOVA {imp[name][knob]:.2f}); its best trial "
-                 f"sets it to {show(row.best_trial)} against the paper's {show(row.first_trial)}.")
-    return said
-
-def show_mechanism(name: str, # a method (its study's main arm has its name)
-                   study: str | None = None, # the study's folder under `results/` (None: `<name>/tuned`)
-                   root=None, # the results store (default: `results_dir()`)
-                  ):
-    """The method's own diagnostic on a study's reference run (seed 0 of the method's arm): the figure and the sentences
-    its chapter draws for the stored study (`Method.diagnose`), here for the arm at its tuned settings. None where no
-    log is stored."""
-    import dml_book.methods  # noqa: F401  (fills the registry)
-    from dml_book.registry import METHODS
-    from dml_book.results import results_dir, load_run
-    from dml_book.study import reference_run
-    root = results_dir() if root is None else Path(root); study = study or f"{name}/tuned"
-    ref = reference_run(name, root, study=study)
-    if ref is None: print(f"No reference run of {study} is stored yet ({study}/{name}/seed0/log.jsonl)."); return None
-    steps, epochs = ref
-    said = METHODS.get(name).diagnose(steps, epochs, load_run(root/study/name/"seed0")["config"]["method_kwargs"])
-    print(*said, sep="\n")
-    return said
-
-def where_trials_ran(name: str, # a study with stored trials
-                     root=None, # the results store (default: `results_dir()`)
-                    ) -> str:
-    "Where a study's stored trials trained, each device and number format with its count: 'NVIDIA H200 in bf16 (82 trials)'."
-    from collections import Counter
-    from dml_book.results import results_dir
-    from dml_book.study import where_ran
-    root = results_dir() if root is None else Path(root); seen = Counter()
-    for f in sorted((root/name/"tuning").glob("*/trial*/metrics.json")):
-        m = json.loads(f.read_text()); device = where_ran(f.parent) or "an unrecorded device"
-        if device.startswith("cuda"): device = (m.get("environment") or {}).get("cuda") or device   # trials stored before run.json named the GPU
-        seen[f"{device} in {m['run']['precision']}"] += 1
-    return ", ".join(f"{k} ({v} trial{'s' * (v != 1)})" for k, v in seen.items()) or "nothing yet"
-
-def show_tuning(name: str, # a study with a search space
-                root=None, # the results store (default: this clone's `results/`)
-               ):
-    "Render a study's tuning on its page: the search space, the trials so far, and the study decided again once it is stored."
-    from IPython.display import display
-    from dml_book.results import results_dir
-    from dml_book.study import show_study
-    from dml_book.findings import arm_means
-    root = results_dir() if root is None else root
-    t = tuning_spec(name)
-    print(f"Search space, fixed before any trial: {t.trials} trials of {t.epochs} epochs per arm (seed {t.seed}), "
-          "scored by validation R@1 at the trial's last epoch; the test split is never built.")
-    display(space_frame(t))
-    trials = read_trials(root, name)
-    if trials is None: print(f"No trials stored under results/{name}/tuning/ yet: `dml-book tune {name}` runs them."); return None
-    print("Trials so far per arm (validation R@1 in points; the first trial is the arm's setting in the study):")
-    display(tuning_progress(trials, t.trials))
-    print(f"Where the trials trained: {where_trials_ran(name, root)}. Every trial of a study on one kind of device.")
-    print("The best trial's settings beside the first trial's (the study's own: the paper's, for the method's arm):")
-    display(best_settings(t, trials))
-    imp = knob_importances(t, trials)
-    if not imp.empty:
-        print("Which knobs mattered: the share of the variation of validation R@1 over the counted trials each knob explains "
-              "(Optuna's fANOVA; with 20 trials a rough guide, not a measurement):")
-        display(imp.round(2))
-    plot_best_so_far(trials, f"{name}: tuning on validation classes")
-    print("Both verdicts, test R@1 points over the baseline (95% interval):"); display(both_verdicts(name, root))
-    print("Each arm's mean test R@1 at the papers' settings and tuned, and how far tuning moved it:"); display(arm_means(name, root))
-    if (Path(root)/name/"tuned"/"study.json").is_file():
-        rep = show_study(f"{name}/tuned", root)
-        print(f"The mechanism at its tuned settings ({name}'s arm, seed 0 of the tuned study):"); show_mechanism(name, root=root)
-        return rep
-    done = counted(trials).groupby("arm").size().reindex(list(t.spaces), fill_value=0)
-    print(("Both arms have their" if (done >= t.trials).all() else f"Not decided again yet: once both arms have their") +
-          f" {t.trials} trials, `dml-book tune {name} --decide` trains each arm's best at the power rule's seeds and compares them on test"
-          + ("; the tuned study is not stored yet." if (done >= t.trials).all() else "."))
 
 # %% ../nbs/11e_tune.ipynb #3fadd76d
 def best_values(tuning: Tuning, arm: str, storage) -> dict:

@@ -7,6 +7,7 @@ import pytest
 from dml_book.study_design import Study, StudyError, arm_differences
 from dml_book.train import TrainConfig
 from dml_book import tune as T
+from dml_book import tuning_report as R
 
 TINY = TrainConfig(dataset="digits", epochs=2, batch_size=12, m_per_class=4, val_fraction=0.4, max_steps_per_epoch=2,
                    eval_every=1, ks=(1, 2), num_workers=0)   # scikit-learn's digits: 3 training and 2 validation classes
@@ -160,7 +161,7 @@ def test_a_trial_retried_twice_counts_once():
     waiting = optuna.create_study(direction="maximize"); waiting.enqueue_trial({})   # a waiting trial: one more setting, its arm open
     assert T._counts(waiting) == (0, 1, True)
     assert frame.counted.tolist() == [True, False, True, False, True] and frame.retry_of.tolist()[2:4] == [1, 1]
-    progress = T.tuning_progress(frame.assign(arm="a"), budget=3)
+    progress = R.tuning_progress(frame.assign(arm="a"), budget=3)
     assert progress.loc["a", "complete"] == 3 and progress.loc["a", "best_val_R1"] == 70.0
 
 def test_stored_runs_still_read_as_their_configuration():
@@ -240,5 +241,5 @@ def test_where_trials_ran_names_each_device_and_format(tmp_path):
     trial("a", 0, {"device": "cuda:0"}, "NVIDIA H200", "bf16")
     trial("b", 0, {"device": "cuda:0", "gpu": "NVIDIA H100 80GB HBM3"}, "NVIDIA H100 80GB HBM3", "bf16")
     trial("b", 1, {"device": "cpu"}, None, "fp32"); trial("b", 2, {"device": "cpu"}, None, "fp32")
-    assert T.where_trials_ran("s", tmp_path) == "NVIDIA H200 in bf16 (1 trial), NVIDIA H100 80GB HBM3 in bf16 (1 trial), the CPU in fp32 (2 trials)"
-    assert T.where_trials_ran("none", tmp_path) == "nothing yet"
+    assert R.where_trials_ran("s", tmp_path) == "NVIDIA H200 in bf16 (1 trial), NVIDIA H100 80GB HBM3 in bf16 (1 trial), the CPU in fp32 (2 trials)"
+    assert R.where_trials_ran("none", tmp_path) == "nothing yet"
