@@ -18,9 +18,10 @@ from .study_design import (Study, study_spec, config_fields, arm_differences, ch
 __all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT', 'PRETRAINED_TUNED_SEEDS',
            'SHARED_SWAP', 'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec', 'check_trial',
            'calibration_configs', 'calibrate_trial_length', 'trial_length_check', 'rank_agreement', 'default_storage',
-           'open_storage', 'creation_lock', 'ValidationTrainer', 'run_trial', 'optuna_study', 'trial_folder',
-           'trial_origin', 'fail_stale', 'claim', 'beating', 'run_one', 'recover_finished', 'tune', 'trials_frame',
-           'write_trials', 'best_values', 'tuned_study', 'pretrained_tuned_study', 'shared_swap_study']
+           'open_storage', 'creation_lock', 'ValidationTrainer', 'run_trial', 'constraint_value', 'record_constraint',
+           'optuna_study', 'trial_folder', 'trial_origin', 'fail_stale', 'claim', 'beating', 'run_one',
+           'recover_finished', 'tune', 'trials_frame', 'write_trials', 'best_values', 'tuned_study',
+           'pretrained_tuned_study', 'shared_swap_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class Tuning:
     trials: int = TRIALS
     epochs: int = TRIAL_EPOCHS
     seed: int = TUNING_SEED
+    constrained: tuple = ()   # arms searched under their method's activity criterion (`selection.active_tuning`)
 
     def config(self, arm: str, values: dict): # an arm and its knobs' values
         "The trial's configuration: the arm's, with the knobs' fields and the trial's length."
@@ -282,6 +284,23 @@ def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
     if results is not None: _relative_paths(out, Path(results), cfg.weights_path)
     return final
 
+# %% ../nbs/11e_tune.ipynb #d7d683c7
+def constraint_value(mechanism: dict | None, # a run's `mechanism` record (`Method.activity`); None: the run could not say
+                    ) -> float:
+    "The trial's constraint for Optuna (<= 0: feasible): 0 when the criterion held, else its relative miss (at least 1e-6); 1 where unknown."
+    if not mechanism or mechanism.get("value") is None: return 1.0
+    if mechanism["active"]: return 0.0
+    return max(1e-6, abs(mechanism["value"] - mechanism["threshold"]) / max(abs(mechanism["threshold"]), 1e-12))
+
+def record_constraint(trial, # the running Optuna trial
+                      out: Path | None, # its folder, holding the finished run's `metrics.json` (None: the run diverged)
+                     ):
+    "Record the trial's criterion value and its constraint (`constraint_value`): Optuna's constraint, which TPE reads, and user attributes."
+    from dml_book.study import mechanism_of
+    m = None if out is None else mechanism_of(out); c = constraint_value(m)
+    trial.set_user_attr("criterion_value", None if m is None else m.get("value")); trial.set_user_attr("constraint", c)
+    trial.set_constraint("mechanism", c)
+
 # %% ../nbs/11e_tune.ipynb #aec56fc6
 def optuna_study(tuning: Tuning, arm: str, storage):
     "The Optuna study of one arm (created with its first trial enqueued, or loaded)."
@@ -301,13 +320,18 @@ def _objective(tuning: Tuning, arm: str, root: Path, threads: int):
     import optuna
     from dml_book.train import TrainingDiverged
     def objective(trial):
+        constrained = arm in tuning.constrained   # TPE proposes where the criterion likely holds (`record_constraint`)
         trial.study.sampler = optuna.samplers.TPESampler(seed=tuning.seed + trial.number, n_startup_trials=8)   # reproducible per trial
         if _rank(trial) >= tuning.trials: raise optuna.TrialPruned("over budget: another process took the last trial")
         values = {k.field: k.suggest(trial) for k in tuning.spaces[arm]}
         cfg = tuning.trial(arm, values, trial_folder(root, arm, trial))
         try: final = run_trial(cfg, threads, root.parent.parent)
-        except TrainingDiverged as e: trial.set_user_attr("diverged", str(e)); return 0.0   # as good as chance: TPE learns to avoid it
+        except TrainingDiverged as e:   # as good as chance, and infeasible: TPE learns to avoid it
+            trial.set_user_attr("diverged", str(e))
+            if constrained: record_constraint(trial, None)
+            return 0.0
         trial.set_user_attr("cpu_seconds", json.loads((Path(cfg.out)/"run.json").read_text())["cpu_seconds"])
+        if constrained: record_constraint(trial, Path(cfg.out))
         return final["val_R@1"]
     return objective
 
@@ -442,7 +466,8 @@ def trials_frame(study, budget: int | None = None, # the arm's budget: its first
                 ) -> pd.DataFrame:
     """One row per trial of an Optuna study: number, state, validation R@1, params (JSON), CPU seconds, the trial it
     retries, and whether it counts towards the budget: the first complete try of one of the first `budget` settings,
-    in the order they were drawn (a setting is drawn as the trial its retries name)."""
+    in the order they were drawn (a setting is drawn as the trial its retries name); for an arm searched under its
+    activity criterion, the criterion's value, the constraint and whether the trial was feasible."""
     trials, seen, rows = study.get_trials(deepcopy=False), set(), []
     complete = sorted({trial_origin(t) for t in trials if t.state.name == "COMPLETE"})
     within = set(complete[:budget] if budget is not None else complete)
@@ -451,8 +476,11 @@ def trials_frame(study, budget: int | None = None, # the arm's budget: its first
         if counted: seen.add(trial_origin(t))
         rows.append(dict(number=t.number, state=t.state.name, val_R1=t.value, params=json.dumps(t.params, sort_keys=True),
                          cpu_seconds=t.user_attrs.get("cpu_seconds"), retry_of=t.system_attrs.get("failed_trial"),
-                         first=bool(t.user_attrs.get("first")), diverged=t.user_attrs.get("diverged"), counted=counted))
-    return pd.DataFrame(rows, columns=["number", "state", "val_R1", "params", "cpu_seconds", "retry_of", "first", "diverged", "counted"])
+                         first=bool(t.user_attrs.get("first")), diverged=t.user_attrs.get("diverged"), counted=counted,
+                         criterion_value=t.user_attrs.get("criterion_value"), constraint=(c := t.user_attrs.get("constraint")),
+                         feasible=None if c is None else c <= 0))
+    return pd.DataFrame(rows, columns=["number", "state", "val_R1", "params", "cpu_seconds", "retry_of", "first", "diverged", "counted",
+                                       "criterion_value", "constraint", "feasible"])
 
 def write_trials(study, path: Path, budget: int | None = None):
     "Write `trials_frame(study, budget)` to `path` (whole file, renamed into place)."

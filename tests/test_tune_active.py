@@ -1,0 +1,49 @@
+"Tuning with the mechanism at work (`dml_book.selection`, `Tuning.constrained`): each trial's activity criterion becomes Optuna's constraint, and only feasible trials become candidates."
+import json
+from dataclasses import replace
+import pandas as pd
+import pytest
+from dml_book.study_design import Study
+from dml_book import tune as T
+from dml_book.selection import candidates, selection_plan
+from test_tune import TINY
+
+EPISODES = dict(method="dmml", loss="triplet", method_kwargs={"n_classes": 3, "n_support": 3, "n_query": 1})
+
+def dmml_tuning(trials):
+    "A tiny tuning whose DMML arm searches its support size: its criterion (>= 2 support images) holds for exactly some values."
+    arms = {"baseline": TINY, "dmml": replace(TINY, **EPISODES)}
+    study = Study("tiny", arms, {"dmml": ("method", "method_kwargs")})
+    spaces = {"baseline": (T.Knob("lr_head", 1e-4, 1e-2, log=True),),
+              "dmml": (T.Knob("lr_head", 1e-4, 1e-2, log=True), T.Knob("method_kwargs.n_support", choices=(1, 2, 3)))}
+    return T.Tuning(study, spaces, trials=trials, epochs=1, constrained=("dmml",))
+
+def test_each_trials_criterion_is_its_optuna_constraint(tmp_path, one_thread):
+    import optuna
+    t = dmml_tuning(trials=4)
+    T.tune(t, str(tmp_path), arms=("dmml",))
+    trials = pd.read_csv(tmp_path/"tiny"/"tuning"/"dmml"/"trials.csv")
+    done = trials[trials.counted]
+    assert len(done) == 4
+    support = done.params.map(lambda p: json.loads(p)["method_kwargs.n_support"])
+    assert (done.criterion_value == support).all()   # DMML's criterion: the meta-cell's support images
+    assert (done.feasible.astype(bool) == (support >= 2)).all() and (done.constraint[support >= 2] == 0).all()
+    assert (done.constraint[support < 2] == 0.5).all()   # one image short of two: half the threshold
+    for r in done.itertuples():   # each trial's metrics.json says the same
+        m = json.loads((tmp_path/"tiny"/"tuning"/"dmml"/f"trial{r.number}"/"metrics.json").read_text())["mechanism"]
+        assert m["value"] == r.criterion_value and m["active"] == r.feasible
+    store = optuna.load_study(study_name="tiny/dmml", storage=T.default_storage(tmp_path, "tiny"))
+    assert all(tr.system_attrs["constraints:mechanism"] == c for tr, c in zip(store.get_trials(), trials.constraint))   # what TPE reads
+    picked = candidates(done.assign(arm="dmml"))
+    assert set(picked.number) == set(done.number[support >= 2].head(3)) or len(picked) == min(3, int((support >= 2).sum()))
+    assert picked.number.isin(done.number[support >= 2]).all()
+
+def test_a_candidate_runs_the_full_schedule_with_its_seed(tmp_path):
+    t = dmml_tuning(trials=2)
+    trials = pd.DataFrame(dict(number=[0, 1], state="COMPLETE", val_R1=[0.4, 0.5], counted=True, feasible=[True, True],
+                               params=[json.dumps({"lr_head": 1e-3, "method_kwargs.n_support": s}) for s in (2, 3)]))
+    plan = selection_plan(t, "dmml", trials, tmp_path, seeds=(0, 1))
+    assert [(k, s) for k, s, _ in plan] == [(1, 0), (1, 1), (0, 0), (0, 1)]
+    for k, s, cfg in plan:
+        assert cfg.epochs == TINY.epochs and cfg.seed == s and cfg.out.endswith(f"tiny/tuning/dmml/selection/trial{k}/seed{s}")
+        assert cfg.method_kwargs["n_support"] == (3 if k == 1 else 2) and cfg.lr_head == 1e-3
