@@ -173,13 +173,15 @@ def activity(cls: Method,
             ) -> dict:
     "The method's declared activity criterion on a run's log (`criterion`): is its mechanism at work?"
     raise NotImplementedError(f"{cls.__name__} declares no activity criterion of a mechanism")
+Method.activity.__func__.undeclared = True   # what `declared_activity` looks for: a subclass's own `activity` lacks it
 
 def declared_activity(method: type, # a `Method` subclass
-                      steps, epochs, # a run's records (`log_frames`, `read_log`)
+                      steps, # a run's step records (`log_frames`, `read_log`)
+                      epochs, # its epoch records
                       config: dict, # its configuration
                      ) -> dict | None:
     "`method.activity` on a run's records; None for a method that declares none (the baseline)."
-    if method.activity.__func__ is Method.activity.__func__: return None
+    if getattr(method.activity, "undeclared", False): return None
     return method.activity(steps, epochs, config)
 
 MECHANISM_SCHEMA = {"criterion": (lambda v: isinstance(v, str) and v != "", "the criterion in words"),   # `check_schema` of a run's "mechanism"
