@@ -14,7 +14,7 @@ from ..registry import METHODS
 
 # %% auto #0
 __all__ = ['MECHANISM_SCHEMA', 'TrainerView', 'Method', 'criterion', 'all_of', 'last_third', 'log_frames', 'declared_activity',
-           'MethodError', 'batch_loss_output', 'Baseline']
+           'shortfall', 'MethodError', 'batch_loss_output', 'Baseline']
 
 # %% ../../nbs/08a_methods.base.ipynb #8cd8ef43
 @runtime_checkable
@@ -188,6 +188,13 @@ MECHANISM_SCHEMA = {"criterion": (lambda v: isinstance(v, str) and v != "", "the
                     "value": (lambda v: v is None or isinstance(v, (int, float)) and not isinstance(v, bool), "a number or null"),
                     "threshold": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
                     "active": (lambda v: isinstance(v, bool), "true or false")}
+
+# %% ../../nbs/08a_methods.base.ipynb #d46decaa
+def shortfall(record: dict, # a criterion (`criterion`, `all_of`, a run's "mechanism")
+             ) -> float:
+    "How far the criterion falls short of its threshold: <= 0 exactly when it holds; the largest over the parts; inf for a missing value."
+    gap = lambda p: math.inf if p["value"] is None else p["threshold"] - p["value"]
+    return max(gap(p) for p in record.get("parts", [record]))
 
 # %% ../../nbs/08a_methods.base.ipynb #70415d91
 class MethodError(TypeError):
