@@ -18,7 +18,7 @@ __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLA
            'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'where_ran',
            'seed_ranges', 'study_facts', 'study_report', 'metric_name', 'arms_table', 'incomplete', 'short_of_power',
            'where_text', 'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run', 'mechanism_of',
-           'mechanism_table', 'active_share', 'mechanism_summary', 'show_mechanisms']
+           'mechanism_table', 'active_share', 'mechanism_at_work', 'mechanism_summary', 'show_mechanisms']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -393,6 +393,12 @@ def active_share(table: pd.DataFrame, # a `mechanism_table`
     known = table.active.dropna() if len(table) else table.active
     return int(known.astype(bool).sum()), len(known)
 
+def mechanism_at_work(table: pd.DataFrame, # a `mechanism_table`
+                     ) -> bool | None:
+    "Whether at least `ACTIVE_SHARE` of the seeds that can say meet the criterion; None where no seed can say."
+    met, known = active_share(table)
+    return None if known == 0 else met >= ACTIVE_SHARE * known
+
 # %% ../nbs/11a_study.ipynb #ebc0f955
 MECHANISM_STUDIES = (("from scratch, the papers' settings", "{m}"), ("from scratch, tuned", "{m}/tuned"),
                      ("pretrained, the papers' settings", "pretrained/{m}"), ("pretrained, tuned", "pretrained/{m}/tuned"))
@@ -416,7 +422,9 @@ def mechanism_summary(method: str, # a method with a declared criterion (its stu
                      "values": ", ".join(show(r) for _, r in t.iterrows())})
     return pd.DataFrame(rows).set_index("study") if rows else None
 
-def show_mechanisms(method: str, root=None):
+def show_mechanisms(method: str, # a method with a declared criterion
+                    root=None, # the results store (default: `results/` beside `nbs/` of this clone)
+                   ) -> pd.DataFrame | None:
     "Print `mechanism_summary` (or a sentence where nothing is stored)."
     s = mechanism_summary(method, root)
     if s is None: print(f"No study of {method} is stored in this copy of the book."); return None

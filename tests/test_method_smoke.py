@@ -31,3 +31,15 @@ def test_every_registered_method_trains_two_steps_by_name(method, tmp_path, one_
     if method == "pads": assert mech["value"] == 0.0 and not mech["active"]   # no policy step in 2 iterations (one every 30): p = p_0
     if method == "dmml": assert (mech["value"], mech["active"]) == (5.0, True)   # n_support's default
     if method == "dcml": assert math.isfinite(mech["value"])   # the compositors' weights were logged
+
+
+def test_a_resumed_run_records_the_criterion_of_its_whole_log(tmp_path, one_thread):
+    "Started again on its finished checkpoint, a run rewrites metrics.json with the criterion of the history it restored."
+    from dml_book.train import Trainer, TrainConfig
+    cfg = TrainConfig(dataset="glyphs", dataset_kwargs=GLYPHS, method="dcml", epochs=2, max_steps_per_epoch=2, eval_every=2, ks=(1,), device="cpu",
+                      num_workers=0, umap=False, progress=False, out=str(tmp_path/"run"))
+    Trainer(cfg).fit()
+    first = json.loads((tmp_path/"run"/"metrics.json").read_text())["mechanism"]
+    (tmp_path/"run"/"metrics.json").unlink()
+    Trainer(cfg).fit()   # resumes at epoch 2 of 2: no step taken, the epoch records come from the checkpoint
+    assert first["value"] is not None and json.loads((tmp_path/"run"/"metrics.json").read_text())["mechanism"] == first

@@ -14,7 +14,7 @@ from ..registry import METHODS
 
 # %% auto #0
 __all__ = ['MECHANISM_SCHEMA', 'TrainerView', 'Method', 'criterion', 'all_of', 'last_third', 'log_frames', 'declared_activity',
-           'MethodError', 'batch_loss_output', 'Baseline']
+           'shortfall', 'MethodError', 'batch_loss_output', 'Baseline']
 
 # %% ../../nbs/08a_methods.base.ipynb #8cd8ef43
 @runtime_checkable
@@ -173,19 +173,28 @@ def activity(cls: Method,
             ) -> dict:
     "The method's declared activity criterion on a run's log (`criterion`): is its mechanism at work?"
     raise NotImplementedError(f"{cls.__name__} declares no activity criterion of a mechanism")
+Method.activity.__func__.undeclared = True   # what `declared_activity` looks for: a subclass's own `activity` lacks it
 
 def declared_activity(method: type, # a `Method` subclass
-                      steps, epochs, # a run's records (`log_frames`, `read_log`)
+                      steps, # a run's step records (`log_frames`, `read_log`)
+                      epochs, # its epoch records
                       config: dict, # its configuration
                      ) -> dict | None:
     "`method.activity` on a run's records; None for a method that declares none (the baseline)."
-    if method.activity.__func__ is Method.activity.__func__: return None
+    if getattr(method.activity, "undeclared", False): return None
     return method.activity(steps, epochs, config)
 
 MECHANISM_SCHEMA = {"criterion": (lambda v: isinstance(v, str) and v != "", "the criterion in words"),   # `check_schema` of a run's "mechanism"
                     "value": (lambda v: v is None or isinstance(v, (int, float)) and not isinstance(v, bool), "a number or null"),
                     "threshold": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
                     "active": (lambda v: isinstance(v, bool), "true or false")}
+
+# %% ../../nbs/08a_methods.base.ipynb #d46decaa
+def shortfall(record: dict, # a criterion (`criterion`, `all_of`, a run's "mechanism")
+             ) -> float:
+    "How far the criterion falls short of its threshold: <= 0 exactly when it holds; the largest over the parts; inf for a missing value."
+    gap = lambda p: math.inf if p["value"] is None else p["threshold"] - p["value"]
+    return max(gap(p) for p in record.get("parts", [record]))
 
 # %% ../../nbs/08a_methods.base.ipynb #70415d91
 class MethodError(TypeError):

@@ -556,6 +556,7 @@ def diagnose(cls: PADS, steps, epochs, method_kwargs) -> list[str]:
     return [distribution_sentence(epochs, edges), critic_sentence(steps), signal_sentence(steps, edges)]
 
 # %% ../../nbs/23_methods.pads.ipynb #18de4b91
+import inspect
 from scipy.special import rel_entr
 from .base import criterion, last_third
 
@@ -564,8 +565,9 @@ MOVED = 0.1   # nats: the mean KL(p_e || p_0) over the last third's epochs; ~ an
 @patch(cls_method=True)
 def activity(cls: PADS, steps, epochs, config) -> dict:
     "The policy moves p away from its initial distribution (mean KL over the last third's epochs): `Method.activity` for PADS."
-    m = cls(**config["method_kwargs"])
-    p0 = init_probs(m.init, m.distribution.centers, dim=config["embedding_dim"]).numpy()
+    kw = {k: p.default for k, p in inspect.signature(cls).parameters.items()} | config["method_kwargs"]   # the run's, or the defaults
+    centers = BinnedDistribution(None, kw["lambda_min"], kw["lambda_max"], kw["n_bins"]).centers
+    p0 = init_probs(kw["init"], centers, dim=config["embedding_dim"]).numpy()   # what `setup` started from
     late = last_third(epochs)
     late = late.dropna(subset=["pads_probs"]) if "pads_probs" in late else late.iloc[:0]
     kl = [rel_entr(np.asarray(p, dtype=float), p0).sum() for p in late.get("pads_probs", [])]
