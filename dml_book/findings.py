@@ -12,7 +12,7 @@ from .study import study_report, paired_difference, metric_name
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'main_arm', 'paired_p', 'mechanism_at_work', 'finding', 'arm_means',
+__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'main_arm', 'paired_p', 'mechanism_label', 'finding', 'arm_means',
            'tuning_moves', 'moves_sentence', 'holm', 'findings', 'finding_text', 'verdict_cell', 'findings_markdown',
            'plot_findings']
 
@@ -38,17 +38,16 @@ def paired_p(mean: float, # the mean paired difference
     if std == 0: return 0.0 if mean != 0 else 1.0
     return float(2 * stats.t.sf(abs(mean) / (std / n ** 0.5), n - 1))
 
-def mechanism_at_work(study, # a study's folder
+def mechanism_label(study, # a study's folder
                       arm: str, # its method's arm
                       settings: str, # a key of `SETTINGS`
                      ) -> dict:
     """`mechanism`: whether the arm's runs kept the method's mechanism at work by its declared criterion (`mechanism_table`):
     'at work' where at least `ACTIVE_SHARE` of the seeds that can say met it, else 'tuned away' (tuned settings) or 'not at
     work'; None where no run can say. `mechanism_seeds`: 'met of known'."""
-    from dml_book.study import mechanism_table, active_share, ACTIVE_SHARE
-    met, known = active_share(mechanism_table(study, arm))
-    if not known: return dict(mechanism=None, mechanism_seeds=None)
-    at_work = met / known >= ACTIVE_SHARE
+    from dml_book.study import mechanism_table, active_share, mechanism_at_work
+    table = mechanism_table(study, arm); at_work = mechanism_at_work(table); met, known = active_share(table)
+    if at_work is None: return dict(mechanism=None, mechanism_seeds=None)
     return dict(mechanism="at work" if at_work else "tuned away" if settings != SETTINGS_OWN else "not at work", mechanism_seeds=f"{met} of {known}")
 
 def finding(method: str, # a method with a study under `results/`
@@ -64,7 +63,7 @@ def finding(method: str, # a method with a study under `results/`
     diff, low, high = (100 * p[k] for k in ("mean", "low", "high"))
     return dict(method=method, regime=regime, settings=settings, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
                 seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm],
-                p=paired_p(p["mean"], p["std"], p["n"]), **mechanism_at_work(rep["root"], arm, settings))
+                p=paired_p(p["mean"], p["std"], p["n"]), **mechanism_label(rep["root"], arm, settings))
 
 # %% ../nbs/11d_findings.ipynb #9e09e9a7
 def arm_means(name: str, # a method's study

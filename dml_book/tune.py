@@ -287,10 +287,11 @@ def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
 # %% ../nbs/11e_tune.ipynb #d7d683c7
 def constraint_value(mechanism: dict | None, # a run's `mechanism` record (`Method.activity`); None: the run could not say
                     ) -> float:
-    "The trial's constraint for Optuna (<= 0: feasible): 0 when the criterion held, else its relative miss (at least 1e-6); 1 where unknown."
-    if not mechanism or mechanism.get("value") is None: return 1.0
-    if mechanism["active"]: return 0.0
-    return max(1e-6, abs(mechanism["value"] - mechanism["threshold"]) / max(abs(mechanism["threshold"]), 1e-12))
+    "The trial's constraint for Optuna (<= 0: feasible): 0 when the criterion held, else its `shortfall` relative to the threshold (at least 1e-6); 1 where unknown."
+    from dml_book.methods.base import shortfall
+    gap = shortfall(mechanism) if mechanism else math.inf
+    if gap <= 0: return 0.0
+    return 1.0 if math.isinf(gap) else max(1e-6, gap / max(abs(mechanism["threshold"]), 1e-12))
 
 def record_constraint(trial, # the running Optuna trial
                       out: Path | None, # its folder, holding the finished run's `metrics.json` (None: the run diverged)
