@@ -185,7 +185,7 @@ def check_trial(tuning: Tuning, arm: str, cfg):
             raise StudyError(f"tuning {tuning.study.name!r}: a trial of {arm!r} differs from the arm in {k} ({mine!r} vs {theirs!r}), which is no knob")
 
 # %% ../nbs/11e_tune.ipynb #733def43
-CALIBRATION_STUDIES = ("dcml", "dmml")   # their runs trained on this CPU in fp32, as the trials do
+CALIBRATION_STUDIES = ("dcml", "dmml")   # their runs trained on this CPU in fp32 (of the stored trials, only DCML's did too)
 
 def calibration_configs(results="results", studies=CALIBRATION_STUDIES) -> dict:
     "`<study>-<arm>` -> the stored seed-0 configuration of every arm of `studies` (its full 30-epoch schedule)."

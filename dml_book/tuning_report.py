@@ -13,7 +13,8 @@ from .tune import Tuning, tuning_spec, TRIALS
 
 # %% auto #0
 __all__ = ['space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far', 'knob_importances', 'best_settings',
-           'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism', 'where_trials_ran', 'show_tuning']
+           'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism', 'where_trials_ran', 'where_decided',
+           'show_tuning']
 
 # %% ../nbs/11f_tuning_report.ipynb #9dd03ff1
 def space_frame(tuning: Tuning) -> pd.DataFrame:
@@ -24,9 +25,10 @@ def space_frame(tuning: Tuning) -> pd.DataFrame:
 # %% ../nbs/11f_tuning_report.ipynb #1fca4448
 def read_trials(results, # the results store
                 name: str, # the study
+                arms=None, # only these arms (None: every arm stored, those searched with the mechanism at work too)
                ) -> pd.DataFrame | None:
-    "Every stored `trials.csv` of study `name`, with its arm; None when none is stored."
-    files = sorted((Path(results)/name/"tuning").glob("*/trials.csv"))
+    "Every stored `trials.csv` of study `name` (of `arms`), with its arm; None when none is stored."
+    files = [f for f in sorted((Path(results)/name/"tuning").glob("*/trials.csv")) if arms is None or f.parent.name in arms]
     return pd.concat([pd.read_csv(f).assign(arm=f.parent.name) for f in files], ignore_index=True) if files else None
 
 def counted(trials: pd.DataFrame) -> pd.DataFrame:
@@ -111,7 +113,7 @@ def tuning_sentence(name: str, # a method with a search space
     own, tuned, label = finding(name, root=root), finding(name, root=root, settings="tuned"), name.upper()
     if own is None: return f"No study of {label} is stored."
     said = f"At the papers' settings {label} is {_AGAINST[own['decided']]} ({finding_text(own)})"
-    trials = read_trials(root, name)
+    trials = read_trials(root, name, tuning_spec(name).spaces)
     if tuned is None:
         n = 0 if trials is None else counted(trials).groupby("arm").size().min()
         if n >= TRIALS: return said + f"; tuned alike, both arms have their {TRIALS} trials, but the tuned study is not stored yet."
@@ -125,7 +127,7 @@ def tuning_sentence(name: str, # a method with a search space
         knob = imp[name].idxmax(); row = best_settings(t, trials).loc[(name, knob)]
         show = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
         said += (f" The knob that mattered most for {label}'s trials is {knob} (fANOVA {imp[name][knob]:.2f}); its best trial "
-                 f"sets it to {show(row.best_trial)} against the paper's {show(row.first_trial)}.")
+                 f"sets it to {show(row.best_trial)} against the study's own {show(row.first_trial)}.")
     return said
 
 def show_mechanism(name: str, # a method (its study's main arm has its name)
@@ -161,6 +163,15 @@ def where_trials_ran(name: str, # a study with stored trials
         seen[f"{device} in {m['run']['precision']}"] += 1
     return ", ".join(f"{k} ({v} trial{'s' * (v != 1)})" for k, v in seen.items()) or "nothing yet"
 
+def where_decided(name: str, # a study with a tuned decision
+                  root=None, # the results store (default: `results_dir()`)
+                 ) -> str:
+    "Where the tuned study's seeds trained, each device and number format with its seeds (`study.where_text`); 'not decided yet'."
+    from dml_book.results import results_dir
+    from dml_book.study import study_facts, where_text
+    folder = (results_dir() if root is None else Path(root))/name/"tuned"
+    return where_text(study_facts(folder)) if (folder/"study.json").is_file() else "not decided yet"
+
 def show_tuning(name: str, # a study with a search space
                 root=None, # the results store (default: this clone's `results/`)
                ):
@@ -174,12 +185,12 @@ def show_tuning(name: str, # a study with a search space
     print(f"Search space, fixed before any trial: {t.trials} trials of {t.epochs} epochs per arm (seed {t.seed}), "
           "scored by validation R@1 at the trial's last epoch; the test split is never built.")
     display(space_frame(t))
-    trials = read_trials(root, name)
+    trials = read_trials(root, name, tuning_spec(name).spaces)
     if trials is None: print(f"No trials stored under results/{name}/tuning/ yet: `dml-book tune {name}` runs them."); return None
     print("Trials so far per arm (validation R@1 in points; the first trial is the arm's setting in the study):")
     display(tuning_progress(trials, t.trials))
-    print(f"Where the trials trained: {where_trials_ran(name, root)}. Every trial of a study on one kind of device.")
-    print("The best trial's settings beside the first trial's (the study's own: the paper's, for the method's arm):")
+    print(f"Where the trials trained: {where_trials_ran(name, root)}; where the tuned study was decided: {where_decided(name, root)}.")
+    print("The best trial's settings beside the first trial's (the study's own settings: for the method's arm, the paper's carried to this benchmark):")
     display(best_settings(t, trials))
     imp = knob_importances(t, trials)
     if not imp.empty:
