@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from dml_book.methods.dcml import DCML, Compositor, compose, rein_loss, concatenate
 from dml_book.losses import MarginLoss
 from dml_book.distances import euclidean
-from parity import RTOL, assert_parity, rel   # tests/parity.py
+from parity import assert_lines_match, assert_parity, fresh_run, official_copy, rel   # tests/parity.py
 
 HERE = Path(__file__).parent / "fixtures" / "parity"
 FX = {k: torch.tensor(v) for k, v in np.load(HERE / "dcml.npz").items()}
@@ -68,6 +68,22 @@ def active(z):
 def test_fixture_names_the_official_code():
     assert META["repository"].endswith("wzzheng/DCML") and len(META["commit"]) == 40
     assert all(":" in v and v.split(":")[1].isdigit() for v in META["functions"].values())
+    L = META["lines"]
+    assert set(L) == set(META["functions"])                  # the text of every cited line is stored
+    assert L["composites_raw"].startswith("def soft_select(") and L["j_sub"] == L["j_dis"] == "def forward(self, batch, labels):"
+    assert L["miner_probs"].startswith("def inverse_sphere_distances(") and "softmax(self.compos_layer" in L["weights"]
+    assert L["rein"].startswith("supervise_loss = supervise_loss +") and L["loss_sum"].startswith("loss = supervise_loss")
+
+
+def test_cited_lines_and_numbers_match_a_fresh_run(tmp_path):
+    "tools/parity_dcml.py run again on the official copy: every cited line holds the stored text, and the fixture is what it writes."
+    repo = official_copy("DCML", META["commit"])
+    assert_lines_match(META, repo)
+    fresh_run("parity_dcml.py", repo, tmp_path)
+    assert json.loads((tmp_path / "dcml.json").read_text()) == META
+    fresh = np.load(tmp_path / "dcml.npz")
+    assert set(fresh) == set(FX)
+    for k in FX: assert_parity(fresh[k], FX[k])
 
 
 def test_weights_and_composites_equal_the_official_without_the_sign_score():

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from dml_book.methods.dmml import DMML, MetaCellLoss, episode_loss
-from parity import assert_parity, rel   # tests/parity.py
+from parity import assert_lines_match, assert_parity, assert_same_numbers, fresh_run, official_copy, rel   # tests/parity.py
 
 FIX = json.loads((Path(__file__).parent/"fixtures"/"parity"/"dmml.json").read_text())
 LABELS = torch.tensor(FIX["inputs"]["labels"])
@@ -41,6 +41,17 @@ def run(inputs, feature_of=lambda u: u, **kw):
 def test_fixture_names_the_official_code():
     assert FIX["repository"] == "https://github.com/CHENGY12/DMML" and len(FIX["commit"]) == 40
     assert FIX["functions"]["DMMLLoss.forward"].startswith("loss/dmml.py:")
+    assert set(FIX["lines"]) == set(FIX["functions"])        # the text of every cited line is stored
+    assert FIX["lines"]["DMMLLoss.forward"].startswith("def forward(self, feature, label)")
+    assert FIX["lines"]["euclidean_dist"].startswith("def euclidean_dist(") and FIX["lines"]["cosine_dist"].startswith("def cosine_dist(")
+
+
+def test_cited_lines_and_numbers_match_a_fresh_run(tmp_path):
+    "tools/parity_dmml.py run again on the official copy: every cited line holds the stored text, and the fixture is what it writes."
+    repo = official_copy("DMML", FIX["commit"])
+    assert_lines_match(FIX, repo)
+    fresh_run("parity_dmml.py", repo, tmp_path / "dmml.json")
+    assert_same_numbers(json.loads((tmp_path / "dmml.json").read_text()), FIX)
 
 
 def test_center_distance_loss_and_gradient_equal_the_official_ones():

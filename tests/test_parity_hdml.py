@@ -11,10 +11,11 @@ neither TensorFlow nor the official code is needed here. Where our computation i
 equality element by element at a relative 1e-12 (`parity.assert_parity`); where the chapter departs on purpose they
 compute both and assert the difference, exactly where it has a closed form, else the size the chapter states.
 """
-import json, math
+import json, math, os, subprocess, sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -23,7 +24,7 @@ from dml_book.losses import NPairLoss, TripletLoss
 from dml_book.methods.hdml import (WindowAverage, decay_penalty, generator_objective, grouped_npair_loss, metric_objective,
                                    npair_synthesis, official_j_m, official_triplet_loss, pulling_lambda, reconstruction_loss,
                                    synthesis_weight, triplet_synthesis)
-from parity import RTOL, assert_parity, rel, as_array as _np   # tests/parity.py
+from parity import RTOL, assert_lines_match, assert_parity, assert_same_numbers, fresh_run, official_copy, rel, as_array as _np   # tests/parity.py
 
 FIX = json.loads((Path(__file__).parent/"fixtures"/"parity"/"hdml.json").read_text())
 OUT, FLAGS = FIX["outputs"], FIX["flags"]
@@ -56,6 +57,28 @@ def test_fixture_names_the_official_code():
     assert FIX["repository"] == "https://github.com/wzzheng/HDML" and len(FIX["commit"]) == 40
     assert FIX["functions"]["Pulling"] == "lib/HDML.py:6" and FIX["functions"]["main_triplet.J_gen"].startswith("main_triplet.py:")
     assert (ALPHA, BETA, LAM, SOFTMAX_FACTOR) == (90.0, 1e4, 0.5, 1e4)
+    assert set(FIX["lines"]) == set(FIX["functions"]) and set(FIX["flag_texts"]) == set(FLAGS)   # the text of every cited line
+    for key, text in FIX["lines"].items():
+        name = key.split(".")[-1]
+        if key.startswith("main_") and name != "exclude_batch_norm":   # a statement of main_triplet.py / main_npair.py
+            target = {"J_m_weighted": "J_m", "z_in": "embedding_z_quta", "embedding_yp": "embedding_yp, embedding_yq"}.get(name, name)
+            assert text.startswith(f"{target} = "), key
+        else: assert text.startswith((f"def {name}(", f"class {name}")), key
+    for k, text in FIX["flag_texts"].items(): assert text.startswith(f"tf.flags.DEFINE_float('{k}', "), k
+
+
+def test_cited_lines_and_numbers_match_a_fresh_run(tmp_path):
+    """tools/parity_hdml.py run again on the official copy (with $DML_BOOK_TF_PYTHON, a Python with TensorFlow, or this
+    one): every cited line holds the stored text, and the fixture is what it writes."""
+    repo = official_copy("HDML", FIX["commit"])
+    assert_lines_match(FIX, repo)
+    python = os.environ.get("DML_BOOK_TF_PYTHON", sys.executable)
+    if subprocess.run([python, "-c", "import tensorflow"], capture_output=True).returncode:
+        pytest.skip(f"tools/parity_hdml.py needs TensorFlow, which {python} lacks: set DML_BOOK_TF_PYTHON")
+    fresh_run("parity_hdml.py", repo, tmp_path / "hdml.json", python=python)
+    fresh = json.loads((tmp_path / "hdml.json").read_text())
+    fresh.pop("note"); stored = {k: v for k, v in FIX.items() if k != "note"}   # the note names the TensorFlow version
+    assert_same_numbers(fresh, stored)
 
 
 def test_lambda_and_triplet_pull_equal_the_official_ones():

@@ -12,7 +12,7 @@ import torch
 from dml_book.methods.pads import BinnedDistribution, bin_index, negative_weights, init_probs, class_distances
 from dml_book.distances import euclidean
 from dml_book.methods.pads_policy import PolicyLearner, TrainingState, apply_actions, reward
-from parity import RTOL, assert_parity, rel   # tests/parity.py
+from parity import RTOL, assert_lines_match, assert_parity, fresh_run, official_copy, rel   # tests/parity.py
 
 HERE = Path(__file__).parent / "fixtures" / "parity"
 F = dict(np.load(HERE / "pads.npz"))
@@ -85,6 +85,23 @@ def run():
 def test_fixture_names_the_official_code():
     assert META["repository"].endswith("Confusezius/CVPR2020_PADS") and len(META["commit"]) == 40
     assert all(":" in v and v.split(":")[1].isdigit() for v in META["functions"].values())
+    assert set(META["lines"]) == set(META["functions"])      # the text of every cited line is stored
+    named = {"states": "make_state", "action_probs": "act", "policy_forward": "forward", "init_distr": "probmode",
+             "distrs, nonorm_distrs": "update_sample_distr", "triplets, neg_probs, neg_uniforms": "give", "dists": "dists",
+             "ema_baselines": "exp_mov_avg", "losses, grads, params_final, old_params_final, old_refresh_call": "update",
+             "edge_*, grid_*": "give", "grid_support": "__init__", "long_*": "update_sample_distr"}
+    for key, name in named.items(): assert META["lines"][key].startswith(f"def {name}(self"), key
+
+
+def test_cited_lines_and_numbers_match_a_fresh_run(tmp_path):
+    "tools/parity_pads.py run again on the official copy: every cited line holds the stored text, and the fixture is what it writes."
+    repo = official_copy("CVPR2020_PADS", META["commit"])
+    assert_lines_match(META, repo)
+    fresh_run("parity_pads.py", repo, tmp_path)
+    assert json.loads((tmp_path / "pads.json").read_text()) == META
+    fresh = np.load(tmp_path / "pads.npz")
+    assert set(fresh) == set(F)
+    for k in F: assert_parity(fresh[k], F[k])
 
 
 def test_state_vector_equals_the_official(run):
