@@ -99,7 +99,7 @@ def test_meta_gradient_in_the_weights_three_ways():
     _, L_hand, d_hand = hand(net.weight.detach(), w)
     torch.testing.assert_close(val_loss_of_weights(net, w), L_hand, rtol=1e-12, atol=0)
     d_func = grad(lambda v: val_loss_of_weights(net, v))(w)
-    torch.testing.assert_close(d_func, d_hand, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(d_func, d_hand, rtol=1e-12, atol=1e-14)
     h, eye = 1e-6, torch.eye(4, dtype=torch.float64)
     fd = torch.stack([(val_loss_of_weights(net, w + h * e) - val_loss_of_weights(net, w - h * e)) / (2 * h) for e in eye])
     torch.testing.assert_close(fd, d_hand, rtol=1e-6, atol=1e-8)
@@ -122,8 +122,8 @@ def test_assessor_gradient_three_ways():
     by_hand = pull(hand(net.weight.detach(), w.detach())[2])[0]
     h = 1e-5
     for (k, p), o, s in zip(phi.items(), ours, first_order):
-        torch.testing.assert_close(o, by_hand[k], rtol=1e-9, atol=1e-12)
-        torch.testing.assert_close(s, by_hand[k], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(o, by_hand[k], rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(s, by_hand[k], rtol=1e-12, atol=1e-14)
         fd = torch.zeros_like(p)
         for i in range(p.numel()):
             with torch.no_grad(): p.view(-1)[i] += h
