@@ -295,7 +295,7 @@ def test_npair_objectives_equal_the_official_ones():
     for rec in OUT["objectives_npair"]:
         o, gen_in, z, z_syn = npair_objectives(rec)
         w = rec["weight"]
-        close(o["weight"], w); close(o["lam"], pulling_lambda(rec["j_avg"], ALPHA))
+        close(o["weight"], w); close(o["lam"], math.exp(-ALPHA / rec["j_avg"]))            # eq. (4) at the fed J_avg
         close(o["j_m"], rec["J_m_weighted"]); close(o["j_real"], rec["J_m"] - rec["wdLoss"])
         close(gen_in, torch.cat([t64(NM["z"]), t64(rec["z_in"])[rows]]))                  # generator input: z, then the pull
         close((1 - LAM) * o["j_recon"], rec["J_recon"])

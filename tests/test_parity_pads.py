@@ -274,6 +274,7 @@ def test_initial_distribution_departs_where_stated():
     on_off, on_ours = off > 1e-10, ours > 2 * ours.min()
     np.testing.assert_array_equal(on_off, (edges[:-1] + 2 / (K + 1) >= 0.3) & (edges[:-1] + 2 / (K + 1) <= 0.7))
     np.testing.assert_array_equal(np.roll(on_off, 1), on_ours)                    # one bin higher in ours
+    assert_parity(ours, np.where(on_ours, 1.0, 1e-3) / np.where(on_ours, 1.0, 1e-3).sum())   # ours: 1 and 1e-3, normalised
     n, h, f = on_ours.sum(), ours.max(), ours.min()   # official: 1/n on its n bins; ours: h on ours, f elsewhere
     want = 0.5 * ((n - 1) * abs(h - 1 / n) + abs(f - 1 / n) + h + (K - n - 1) * f)   # overlap, official-only, ours-only, rest
     assert_parity(tv, want)

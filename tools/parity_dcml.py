@@ -17,7 +17,8 @@ the official code is copied. Three things make it run on a CPU without its depen
   see the same triplets (the official distance-weighted miner draws them with numpy's global generator).
 It also records that the README's default (`--diva_features discriminative`, one feature) fails in the official forward.
 
-Writes `tests/fixtures/parity/dcml.npz` (numbers only) and `dcml.json` (repository, commit, file:line per function)."""
+Writes `tests/fixtures/parity/dcml.npz` (numbers only) and `dcml.json` (repository, commit, file:line per function and
+that line's text)."""
 from __future__ import annotations
 import argparse, importlib.util, inspect, json, subprocess, sys, types
 from pathlib import Path

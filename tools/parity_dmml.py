@@ -7,7 +7,7 @@ PATH is a local copy of https://github.com/CHENGY12/DMML (a clone, or `git archi
 `DMMLLoss` in float64 on one fixed, seeded episode (raw embeddings: center and hard mining modes, the latter with margins
 0.4 and 0; L2-normalised ones: hard mining) and writes what it computes: the set distances from every query to
 every meta-cell (the negated input of its log-softmax, caught on the way in), the loss, and the loss's gradient with
-respect to the embeddings. It needs PyTorch only; the test that reads the fixture needs neither this script nor the
+respect to the embeddings, with the file:line and text of each official function used. It needs PyTorch only; the test that reads the fixture needs neither this script nor the
 official code.
 """
 import argparse, importlib, inspect, json, subprocess, sys

@@ -15,8 +15,13 @@ gives them:
   `embedding_size` set to the small fixture's sizes. `embedding_size` is an int (the flag is a float, which `tf.tile`
   refuses), and `batch_size` divides like Python 2 (`batch_size / 2` is an int), without which the N-pair branch of
   `Pulling` (`lib/HDML.py`, `tf.tile(neg, [FLAGS.batch_size / 2, 1])`) cannot run under Python 3.
+`main_npair.py` runs on a batch of N pairs with two more: its feature width, hard-coded as 1024 there and in
+`npairSplit` (`tf.slice(..., size=[..., 1024])`), is read as the fixture's (`slice_width`), and its call of
+`new_npair_loss` gets `half_batch_size=N` (the default 64 is its batch of 128 halved). Its generator and the
+classifier's layers on the synthetic features are replaced by fed values, so the statements from the pull to `J_gen`
+run on the fixture's numbers.
 Nothing of the official code is copied into the project; the fixture holds numbers and, per quantity, the official
-file:line that computed it.
+file:line that computed it and that line's text (`lines`, `flag_texts`).
 """
 import argparse, ast, functools, json, re, subprocess, sys, textwrap
 from pathlib import Path

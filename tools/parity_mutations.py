@@ -3,11 +3,14 @@
     python tools/parity_mutations.py [--scale 2e-10] [--only hdml]
 
 Each mutation wraps one function of the package, in memory and in a fresh process, so that its output (every tensor
-or number it returns) is multiplied by 1 + scale, or, for the `+` rows, a distance gets `scale` added: a change
-just above the 1e-10 relative that the parity tests must catch. The wrapper replaces the function in every loaded
-dml_book module that holds it (and on its class for a method), before the tests import it; nothing on disk changes.
-Then the method's parity test file runs (pytest, in that process); a mutation is caught when the tests fail. The
-script prints one table row per mutation and exits 1 if any mutation passed unnoticed (or if an unmutated run fails).
+or number it returns) is multiplied by 1 + scale (`x`), gets `scale` added (`+`), or has its largest element alone
+multiplied (`one`, for an unnormalised distribution, which a common factor leaves unchanged): a change just above the
+1e-10 relative that the parity tests must catch. Three rows run the N-pair test of `HDML.objectives` alone: the labels
+of the synthetic N x N grid (`labels`), the penalty's factor (`l2`, 1e-7, which moves J(T~) by 2e-10), and J(T~).
+The wrapper replaces the function in every loaded dml_book module that holds it (and on its class for a method),
+before the tests import it; nothing on disk changes. Then the method's parity tests run (pytest, in that process); a
+mutation is caught when they fail. The script prints one table row per mutation and exits 1 if any mutation passed
+unnoticed (or if an unmutated run fails).
 """
 import argparse, importlib, os, subprocess, sys
 from pathlib import Path
@@ -28,6 +31,10 @@ MUTATIONS = [
     ("hdml", "dml_book.methods.hdml:decay_penalty", "x", "tests/test_parity_hdml.py"),
     ("hdml", "dml_book.methods.hdml:reconstruction_loss", "x", "tests/test_parity_hdml.py"),
     ("hdml", "dml_book.methods.hdml:WindowAverage.update", "x", "tests/test_parity_hdml.py"),
+    # the N-pair path alone, through HDML.objectives (test_npair_objectives_*): the grid's labels, its penalty
+    ("hdml", "dml_book.methods.hdml:npair_synthesis", "labels", "tests/test_parity_hdml.py::test_npair_objectives_equal_the_official_ones"),
+    ("hdml", "dml_book.methods.hdml:grouped_npair_loss", "l2", "tests/test_parity_hdml.py::test_npair_objectives_equal_the_official_ones", 1e-7),
+    ("hdml", "dml_book.methods.hdml:grouped_npair_loss", "x", "tests/test_parity_hdml.py::test_npair_objectives_equal_the_official_ones"),
     ("dcml", "dml_book.methods.dcml:rein_loss", "x", "tests/test_parity_dcml.py"),
     ("dcml", "dml_book.methods.dcml:compose", "x", "tests/test_parity_dcml.py"),
     ("dcml", "dml_book.methods.dcml:Compositor.forward", "x", "tests/test_parity_dcml.py"),
@@ -36,7 +43,7 @@ MUTATIONS = [
     ("pads", "dml_book.methods.pads_policy:apply_actions", "x", "tests/test_parity_pads.py"),
     ("pads", "dml_book.methods.pads_policy:TrainingState.forward", "x", "tests/test_parity_pads.py"),
     ("pads", "dml_book.methods.pads_policy:PolicyLearner.update", "x", "tests/test_parity_pads.py"),
-    ("pads", "dml_book.methods.pads:negative_weights", "x", "tests/test_parity_pads.py"),
+    ("pads", "dml_book.methods.pads:negative_weights", "one", "tests/test_parity_pads.py"),   # unnormalised: a common factor is no change
     ("pads", "dml_book.methods.pads:class_distances", "x", "tests/test_parity_pads.py"),
     ("pads", "dml_book.methods.pads:init_probs", "x", "tests/test_parity_pads.py"),
     ("dmml", "dml_book.methods.dmml:meta_cell_distances", "x", "tests/test_parity_dmml.py"),
@@ -48,6 +55,9 @@ MUTATIONS = [
 def perturb(out, how: str, scale: float):
     "The output moved: every floating tensor or float in it times 1 + scale (`x`) or plus scale (`+`)."
     import torch
+    if how == "one":                    # the largest element of the output alone
+        big = torch.zeros_like(out); big.view(-1)[out.abs().argmax()] = scale
+        return out * (1 + big)
     f = (lambda v: v * (1 + scale)) if how == "x" else (lambda v: v + scale)
     if torch.is_tensor(out): return f(out) if out.is_floating_point() else out
     if isinstance(out, float): return f(out)
@@ -69,7 +79,15 @@ def mutate(target: str, how: str, scale: float):
     owner, name = (getattr(mod, attr.split(".")[0]), attr.split(".")[1]) if "." in attr else (mod, attr)
     orig = getattr(owner, name)
     @functools.wraps(orig)
-    def mutated(*a, **k): return perturb(orig(*a, **k), how, scale)
+    def mutated(*a, **k):
+        if how == "l2":                 # grouped_npair_loss(emb, a, p, n, l2_reg): the penalty's factor
+            return orig(*a[:4], (a[4] if len(a) > 4 else k.pop("l2_reg", 0.)) * (1 + scale), **k)
+        out = orig(*a, **k)
+        if how == "labels":             # npair_synthesis: cell (i, j) labelled with p[i]'s class, not p[j]'s
+            import torch
+            z_in, l_in, syn = out; n = len(a[2][0])
+            return z_in, torch.cat([l_in[:n], l_in[n:].view(n, n).T.reshape(-1)]), syn
+        return perturb(out, how, scale)
     if owner is not mod: setattr(owner, name, mutated); return
     for m in list(sys.modules.values()):
         if getattr(m, "__name__", "").startswith("dml_book") and getattr(m, name, None) is orig: setattr(m, name, mutated)
@@ -79,7 +97,7 @@ def child(target: str, how: str, scale: float, test: str) -> int:
     "In this (fresh) process: mutate, then run the test file; pytest's exit status."
     import pytest
     if target != "none": mutate(target, how, scale)
-    return pytest.main(["-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-x", "--no-header", "-rf", str(ROOT / test)])
+    return pytest.main(["-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-x", "--no-header", "-rf", str(ROOT) + "/" + test])
 
 
 def main():
@@ -92,19 +110,21 @@ def main():
     rows = [m for m in MUTATIONS if args.only in (None, m[0])]
     if not rows: sys.exit(f"error: --only must be one of ala, hdml, dcml, pads, dmml, got {args.only!r}")
     env = os.environ | {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1"}
-    run = lambda t, how, test: subprocess.run([sys.executable, __file__, "--child", t, how, str(args.scale), test],
+    run = lambda t, how, test, scale=args.scale: subprocess.run([sys.executable, __file__, "--child", t, how, str(scale), test],
                                               capture_output=True, text=True, env=env, cwd=ROOT)
     bad = 0
+    rows = [(*m[:4], m[4] if len(m) > 4 else args.scale) for m in rows]
     for test in dict.fromkeys(m[3] for m in rows):                     # each file passes unmutated
         r = run("none", "x", test)
         if r.returncode: print(f"error: {test} fails without a mutation:\n{r.stdout[-2000:]}", file=sys.stderr); sys.exit(2)
     print(f"| method | mutated function | perturbation | caught | first failing test |\n|---|---|---|---|---|")
-    for method, target, how, test in rows:
-        r = run(target, how, test)
+    for method, target, how, test, scale in rows:
+        r = run(target, how, test, scale)
         failed = [l.split(" ")[1] for l in r.stdout.splitlines() if l.startswith("FAILED ")]
         caught = r.returncode == 1 and failed
         bad += not caught
-        what = f"output x (1 + {args.scale:g})" if how == "x" else f"output + {args.scale:g}"
+        what = {"x": f"output x (1 + {scale:g})", "+": f"output + {scale:g}", "one": f"largest element x (1 + {scale:g})",
+                "l2": f"l2_reg x (1 + {scale:g})", "labels": "grid labels p[i] for p[j]"}[how]
         first = failed[0].split("::")[-1] if failed else f"none (pytest exit {r.returncode})"
         print(f"| {method} | `{target.split(':')[1]}` | {what} | {'yes' if caught else 'NO'} | `{first}` |", flush=True)
     sys.exit(1 if bad else 0)

@@ -15,8 +15,12 @@ module, `torch.cuda.FloatTensor` is `torch.DoubleTensor`). The numpy draws of th
 replaced: before each `np.random.choice(..., p=...)` the generator's state is saved, the uniform that the call consumes
 is read back, and the script checks that the official choice is the inverse CDF of `p` at that uniform.
 
-Writes `tests/fixtures/parity/pads.npz` (numbers only) and `pads.json` (the repository, commit and file:line of every
-function run, and the settings)."""
+It also runs `give` twice more, under a p with empty edge bins (no official mass on candidates we drop) and on a chosen
+distance matrix (the sampler's `pdist` returns it: distances on both grids, ties, 0, both ends), and drives
+`update_sample_distr` for 300 calls until its clip of the unnormalised p binds.
+
+Writes `tests/fixtures/parity/pads.npz` (numbers only) and `pads.json` (the repository, commit, file:line and that
+line's text of every function run, and the settings)."""
 from __future__ import annotations
 import argparse, importlib.util, inspect, json, os, subprocess, sys, types
 from pathlib import Path
