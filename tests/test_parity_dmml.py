@@ -3,8 +3,8 @@
 `tests/fixtures/parity/dmml.json` holds what the official `DMMLLoss` (CHENGY12/DMML, `loss/dmml.py`; repository, commit
 and file:line in the fixture) computes on three fixed float64 episodes: its set distances, its loss and the loss's
 gradient with respect to the embeddings (`tools/parity_dmml.py` wrote it; neither that script nor the official code is
-needed here). Where our computation is the official one the tests ask for equality at a relative 1e-6, values and
-gradients; where the chapter follows the paper instead (squared Euclidean distances in the hard mining mode, the margin
+needed here). Where our computation is the official one the tests ask for equality element by element at a relative
+1e-12 (`parity.assert_parity`), values and gradients; where the chapter follows the paper instead (squared Euclidean distances in the hard mining mode, the margin
 of eq. 7 on the negatives, no feature penalty) they compute both and assert the size of the difference that the
 chapter's protocol table states.
 """
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from dml_book.methods.dmml import DMML, MetaCellLoss, episode_loss
-from parity import rel   # tests/parity.py
+from parity import assert_lines_match, assert_parity, assert_same_numbers, fresh_run, official_copy, rel   # tests/parity.py
 
 FIX = json.loads((Path(__file__).parent/"fixtures"/"parity"/"dmml.json").read_text())
 LABELS = torch.tensor(FIX["inputs"]["labels"])
@@ -41,15 +41,26 @@ def run(inputs, feature_of=lambda u: u, **kw):
 def test_fixture_names_the_official_code():
     assert FIX["repository"] == "https://github.com/CHENGY12/DMML" and len(FIX["commit"]) == 40
     assert FIX["functions"]["DMMLLoss.forward"].startswith("loss/dmml.py:")
+    assert set(FIX["lines"]) == set(FIX["functions"])        # the text of every cited line is stored
+    assert FIX["lines"]["DMMLLoss.forward"].startswith("def forward(self, feature, label)")
+    assert FIX["lines"]["euclidean_dist"].startswith("def euclidean_dist(") and FIX["lines"]["cosine_dist"].startswith("def cosine_dist(")
+
+
+def test_cited_lines_and_numbers_match_a_fresh_run(tmp_path):
+    "tools/parity_dmml.py run again on the official copy: every cited line holds the stored text, and the fixture is what it writes."
+    repo = official_copy("DMML", FIX["commit"])
+    assert_lines_match(FIX, repo)
+    fresh_run("parity_dmml.py", repo, tmp_path / "dmml.json")
+    assert_same_numbers(json.loads((tmp_path / "dmml.json").read_text()), FIX)
 
 
 def test_center_distance_loss_and_gradient_equal_the_official_ones():
     "Center support distance (eq. 9), plain softmax, the code's feature penalty: the official computation exactly."
     d, loss, grad = run(FIX["inputs"]["raw"], distance="center", variant="none", feature_penalty=PENALTY, scale=1.0)
     off = CASES["center"]
-    np.testing.assert_allclose(d, off["distances"], rtol=1e-6)
-    np.testing.assert_allclose(loss, off["loss"], rtol=1e-6)
-    np.testing.assert_allclose(grad, off["grad"], rtol=1e-6, atol=1e-12)
+    assert_parity(d, off["distances"])
+    assert_parity(loss, off["loss"])
+    assert_parity(grad, off["grad"])
 
 
 def test_hard_mining_on_the_sphere_equals_the_official_one():
@@ -59,9 +70,9 @@ def test_hard_mining_on_the_sphere_equals_the_official_one():
     d, loss, grad = run(FIX["inputs"]["on_sphere"], lambda u: F.normalize(u, dim=1), distance="hard", variant="none",
                         feature_penalty=PENALTY, scale=2 ** -0.5)
     off = CASES["hard_unit"]
-    np.testing.assert_allclose(d - 1, off["distances"], rtol=1e-6, atol=1e-12)
-    np.testing.assert_allclose(loss, off["loss"], rtol=1e-6)
-    np.testing.assert_allclose(grad, off["grad"], rtol=1e-6, atol=1e-12)
+    assert_parity(d - 1, off["distances"])
+    assert_parity(loss, off["loss"])
+    assert_parity(grad, off["grad"])
 
 
 def test_official_margin_is_not_applied():
@@ -71,7 +82,7 @@ def test_official_margin_is_not_applied():
     d = torch.tensor(CASES["hard"]["distances"], dtype=torch.float64)
     t = torch.arange(4).repeat_interleave(FIX["inputs"]["n_query"])          # official rows: classes ascending
     penalty = PENALTY * torch.tensor(FIX["inputs"]["raw"], dtype=torch.float64).pow(2).sum(1).mean().item()
-    np.testing.assert_allclose(episode_loss(d, t, 0.4, "none").item() + penalty, CASES["hard"]["loss"], rtol=1e-6)
+    assert_parity(episode_loss(d, t, 0.4, "none").item() + penalty, CASES["hard"]["loss"])
     assert abs(episode_loss(d, t, 0.4, "positive").item() + penalty - CASES["hard"]["loss"]) > 0.1
 
 

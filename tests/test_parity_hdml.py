@@ -5,14 +5,17 @@ quantity, file:line in the fixture) computes in float64 on fixed inputs: the har
 triplet and the N-pair tuples (values and gradients), lambda = exp(-alpha / J_avg), the running J_avg of its
 `data_collector`, the weight exp(-beta / J_gen) of eq. (11), J_m, J_syn, J_metric, J_recon, J_soft and J_gen of
 `main_triplet.py`, the N-pair J_soft (`genSoftmax`), the synthetic N-pair loss (`new_npair_loss`) and the real one
-(`npairs_loss`). `tools/parity_hdml.py` wrote it under TensorFlow 2's `tf.compat.v1`; neither TensorFlow nor the
-official code is needed here. Where our computation is the official one the tests ask for equality at a relative 1e-6;
-where the chapter departs on purpose they compute both and assert the size of the difference the chapter states.
+(`npairs_loss`), and `main_npair.py`'s objectives end to end (J_m, the pulled N x N grid, J_syn, J_metric, J_recon,
+J_soft with its per-row cross-entropies, J_gen). `tools/parity_hdml.py` wrote it under TensorFlow 2's `tf.compat.v1`;
+neither TensorFlow nor the official code is needed here. Where our computation is the official one the tests ask for
+equality element by element at a relative 1e-12 (`parity.assert_parity`); where the chapter departs on purpose they
+compute both and assert the difference, exactly where it has a closed form, else the size the chapter states.
 """
-import json, math
+import json, math, os, subprocess, sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -21,7 +24,7 @@ from dml_book.losses import NPairLoss, TripletLoss
 from dml_book.methods.hdml import (WindowAverage, decay_penalty, generator_objective, grouped_npair_loss, metric_objective,
                                    npair_synthesis, official_j_m, official_triplet_loss, pulling_lambda, reconstruction_loss,
                                    synthesis_weight, triplet_synthesis)
-from parity import rel, as_array as _np   # tests/parity.py
+from parity import RTOL, assert_lines_match, assert_parity, assert_same_numbers, fresh_run, official_copy, rel, as_array as _np   # tests/parity.py
 
 FIX = json.loads((Path(__file__).parent/"fixtures"/"parity"/"hdml.json").read_text())
 OUT, FLAGS = FIX["outputs"], FIX["flags"]
@@ -32,7 +35,7 @@ ALPHA, BETA, LAM, SOFTMAX_FACTOR = FLAGS["alpha"], FLAGS["beta"], FLAGS["_lambda
 def t64(x, grad=False): return torch.tensor(x, dtype=torch.float64, requires_grad=grad)
 
 
-def close(a, b, rtol=1e-6): np.testing.assert_allclose(_np(a), b, rtol=rtol, atol=1e-12)
+def close(a, b, rtol=RTOL): assert_parity(a, b, rtol)
 
 
 def project(y):
@@ -54,6 +57,28 @@ def test_fixture_names_the_official_code():
     assert FIX["repository"] == "https://github.com/wzzheng/HDML" and len(FIX["commit"]) == 40
     assert FIX["functions"]["Pulling"] == "lib/HDML.py:6" and FIX["functions"]["main_triplet.J_gen"].startswith("main_triplet.py:")
     assert (ALPHA, BETA, LAM, SOFTMAX_FACTOR) == (90.0, 1e4, 0.5, 1e4)
+    assert set(FIX["lines"]) == set(FIX["functions"]) and set(FIX["flag_texts"]) == set(FLAGS)   # the text of every cited line
+    for key, text in FIX["lines"].items():
+        name = key.split(".")[-1]
+        if key.startswith("main_") and name != "exclude_batch_norm":   # a statement of main_triplet.py / main_npair.py
+            target = {"J_m_weighted": "J_m", "z_in": "embedding_z_quta", "embedding_yp": "embedding_yp, embedding_yq"}.get(name, name)
+            assert text.startswith(f"{target} = "), key
+        else: assert text.startswith((f"def {name}(", f"class {name}")), key
+    for k, text in FIX["flag_texts"].items(): assert text.startswith(f"tf.flags.DEFINE_float('{k}', "), k
+
+
+def test_cited_lines_and_numbers_match_a_fresh_run(tmp_path):
+    """tools/parity_hdml.py run again on the official copy (with $DML_BOOK_TF_PYTHON, a Python with TensorFlow, or this
+    one): every cited line holds the stored text, and the fixture is what it writes."""
+    repo = official_copy("HDML", FIX["commit"])
+    assert_lines_match(FIX, repo)
+    python = os.environ.get("DML_BOOK_TF_PYTHON", sys.executable)
+    if subprocess.run([python, "-c", "import tensorflow"], capture_output=True).returncode:
+        pytest.skip(f"tools/parity_hdml.py needs TensorFlow, which {python} lacks: set DML_BOOK_TF_PYTHON")
+    fresh_run("parity_hdml.py", repo, tmp_path / "hdml.json", python=python)
+    fresh = json.loads((tmp_path / "hdml.json").read_text())
+    fresh.pop("note"); stored = {k: v for k, v in FIX.items() if k != "note"}   # the note names the TensorFlow version
+    assert_same_numbers(fresh, stored)
 
 
 def test_lambda_and_triplet_pull_equal_the_official_ones():
@@ -90,7 +115,7 @@ def test_j_avg_window_equals_the_official_collector():
     ours = [avg.update(float("nan") if x is None else x) for x in rec["sequence"]]
     first = next(i for i, r in enumerate(rec["reads"]) if r != rec["init"])
     assert first == 63 and rec["sequence"][70] is None   # the 64th value closes the first window; a NaN delays the next
-    close(ours[first:], rec["reads"][first:], rtol=1e-12)
+    close(ours[first:], rec["reads"][first:])
     assert all(math.isinf(x) for x in ours[:first]) and set(rec["reads"][:first]) == {1e6}
 
 
@@ -176,21 +201,10 @@ def test_departure_eq9_as_printed():
     np.testing.assert_allclose(printed / rec["J_gen"], 0.0120, atol=5e-5)
 
 
-def test_npair_j_soft_departure():
-    """N-pair J_soft: the code adds the mean cross-entropy of the N x N synthetic negatives and that of the N anchors
-    (genSoftmax); ours averages over all N + N^2 synthetic features at once, which weighs the anchors N times less."""
-    n = len(NP["y_syn_anc"])
-    labels = torch.tensor(NP["labels"])
-    l_in = torch.cat([labels[:n], labels[n:].repeat(n)])                   # npair_synthesis's labels
-    soft = classifier(NP["W_fc"], NP["b_fc"])
-    ya, yn = t64(NP["y_syn_anc"], grad=True), t64(NP["y_syn_neg"], grad=True)
-    ce = F.cross_entropy(soft(torch.cat([ya, yn])), l_in, reduction="none")
-    official = SOFTMAX_FACTOR * LAM * (ce[:n].mean() + ce[n:].mean())      # the code's split, on our layer and layout
-    close(official, OUT["j_soft_npair"]["value"])
-    official.backward(retain_graph=True)
-    close(ya.grad, OUT["j_soft_npair"]["grad"]["y_syn_anc"]); close(yn.grad, OUT["j_soft_npair"]["grad"]["y_syn_neg"])
-    ours = SOFTMAX_FACTOR * LAM * F.cross_entropy(soft(torch.cat([ya, yn])), l_in)   # objectives(): one mean
-    np.testing.assert_allclose(ours.item() / OUT["j_soft_npair"]["value"] - 1, -0.4859, atol=5e-5)
+def penalty_departure(za, zn, l2):
+    "Our N-pair penalty (each anchor's own pulled positive, the i = j cell) minus the official one (all N^2 candidates)."
+    n = len(za)
+    return l2 * (zn.view(n, n, -1).diagonal().pow(2).sum(0).mean() - zn.pow(2).sum(1).mean()).item()
 
 
 def test_npair_losses():
@@ -210,7 +224,8 @@ def test_npair_losses():
     official.backward()
     close(za.grad, OUT["j_syn_npair"]["grad"]["z_syn_anc"]); close(zn.grad, OUT["j_syn_npair"]["grad"]["z_syn_neg"])
     ours = grouped_npair_loss(emb.detach(), *syn, l2_reg=l2).item()
-    np.testing.assert_allclose((ours - OUT["j_syn_npair"]["value"]) / OUT["j_syn_npair"]["value"], -2.61e-4, atol=5e-7)
+    np.testing.assert_allclose((ours - OUT["j_syn_npair"]["value"]) / OUT["j_syn_npair"]["value"], -2.61e-4, atol=5e-7)   # the chapter's
+    close(ours - OUT["j_syn_npair"]["value"], penalty_departure(za.detach(), zn.detach(), l2))
 
 
 def test_objectives_wire_the_official_losses():
@@ -236,3 +251,81 @@ def test_objectives_wire_the_official_losses():
         close(o["weight"], rec["weight"]); close(o["j_m"], rec["J_m_weighted"])
         close(SOFTMAX_FACTOR * LAM * o["j_soft"], rec["J_soft"]); close((1 - LAM) * o["j_recon"], rec["J_recon"])
         close(o["j_gen"], rec["J_gen"]); close(o["j_metric"] + o["weight"] * rec["wdLoss"], rec["J_metric"])
+
+
+NM = FIX["inputs"]["npair_main"]
+
+
+def npair_layout():
+    """Our rows of the N + N^2 synthetic tuples as official rows. `npair_pairs` takes the classes in ascending label order,
+    the official code in batch order: our anchor i is official anchor sigma(i), our cell (i, j) the official (sigma(i), sigma(j))."""
+    n = len(NM["z"]) // 2
+    sigma = torch.argsort(torch.tensor(NM["labels"][:n]), stable=True)
+    return torch.cat([sigma, n + (sigma[:, None] * n + sigma[None]).reshape(-1)])
+
+
+def npair_objectives(rec):
+    """`HDML.objectives` of the paper-npair preset (its method and loss settings) on the official batch (anchors, then
+    positives): the backbone is the identity on the real features, the head gives the official embeddings (real) and
+    synthetic ones (in our row order), the generator records its input and returns the official reconstructed and
+    synthetic features. Returns the objectives, the generator's input, and the leaves z and z_syn (official order)."""
+    from types import SimpleNamespace
+    from dml_book.methods.hdml import HDML
+    preset, rows = HDML.presets["paper-npair"], npair_layout()
+    y_real, labels = t64(NM["y"]), torch.tensor(NM["labels"])
+    z, z_syn = t64(NM["z"], grad=True), t64(NM["z_syn"], grad=True)
+    seen = []
+    def generator(inp): seen.append(inp.detach()); return torch.cat([t64(NM["y_rec"]), t64(NM["y_syn"])[rows]])
+    trainer = SimpleNamespace(model=SimpleNamespace(backbone=lambda x: x, head=lambda t: z if t is y_real else z_syn[rows]),
+                              gather=lambda e, l: (e, l), miner=None, loss_fn=NPairLoss(**preset["loss_kwargs"]),
+                              optimizer=decaying_optimizer(NM["params"]))
+    hd = HDML(**preset["method_kwargs"])
+    hd.mode, hd.generator, hd.classifier = "npair", generator, classifier(NM["W_fc"], NM["b_fc"])
+    hd.j_avg.value, hd.j_gen_avg.value = rec["j_avg"], rec["j_gen"]
+    return hd.objectives(trainer, y_real, labels), seen[0], z, z_syn
+
+
+def test_npair_objectives_equal_the_official_ones():
+    """main_npair.py end to end through `HDML.objectives`: eq. (11)'s weight, J_m, the pulled N x N grid (the synthetic
+    rows' layout), J_recon, and J_syn, J_metric, J_gen and J_metric's gradients up to the three departures, each in closed
+    form: the N-pair penalty on each anchor's own positive (not all N^2 candidates), the weight decay left to the
+    optimiser (not inside J_metric), and J_soft as one mean over the N + N^2 rows (not a mean of anchors plus one of
+    negatives), which the official per-row cross-entropies give exactly."""
+    n, rows, l2 = len(NM["z"]) // 2, npair_layout(), HDML_L2
+    for rec in OUT["objectives_npair"]:
+        o, gen_in, z, z_syn = npair_objectives(rec)
+        w = rec["weight"]
+        close(o["weight"], w); close(o["lam"], math.exp(-ALPHA / rec["j_avg"]))            # eq. (4) at the fed J_avg
+        close(o["j_m"], rec["J_m_weighted"]); close(o["j_real"], rec["J_m"] - rec["wdLoss"])
+        close(gen_in, torch.cat([t64(NM["z"]), t64(rec["z_in"])[rows]]))                  # generator input: z, then the pull
+        close((1 - LAM) * o["j_recon"], rec["J_recon"])
+        pen = penalty_departure(t64(NM["z_syn"])[:n], t64(NM["z_syn"])[n:], l2)
+        close(o["j_syn"], rec["J_syn"] / (1 - w) + pen)                                   # xent + our penalty
+        close(o["j_metric"] + w * rec["wdLoss"] - (1 - w) * pen, rec["J_metric"])
+        ce = t64(rec["ce_anc"] + rec["ce_neg"])
+        close(SOFTMAX_FACTOR * LAM * (ce[:n].mean() + ce[n:].mean()), rec["J_soft"])      # the fixture's own sum of two means
+        close(o["j_soft"], ce.mean())                                                     # ours: one mean over the same rows
+        close(o["j_gen"], rec["J_gen"] - rec["J_soft"] + SOFTMAX_FACTOR * LAM * ce.mean())
+        o["j_metric"].backward()
+        close(z.grad, rec["grad_J_metric"]["z"])
+        zn = t64(NM["z_syn"])[n:].view(n, n, -1)
+        extra = 2 * l2 * zn * ((torch.eye(n, dtype=torch.float64) / n - 1 / n ** 2)[:, :, None])   # d pen / d z_syn's candidates
+        close(z_syn.grad, t64(rec["grad_J_metric"]["z_syn"]) + (1 - w) * torch.cat([torch.zeros(n, zn.shape[-1], dtype=torch.float64), extra.reshape(n * n, -1)]))
+
+
+def test_npair_objectives_generator_gradient_and_j_soft_departure():
+    """d J_gen / d y_rec equals the official; J_soft's one mean weighs the N anchors N times less than the official two
+    means: ours / official - 1 on the fixture, at J_gen = 2e4 (the chapter's protocol table)."""
+    rec = OUT["objectives_npair"][1]
+    y_rec = t64(NM["y_rec"], grad=True)
+    o = npair_objectives(rec)[0]
+    j_recon = reconstruction_loss(y_rec, t64(NM["y"]))
+    (LAM * j_recon).backward()          # J_gen's reconstruction term (recon_weight = 1 - lambda = 0.5), as objectives builds it
+    close(y_rec.grad, rec["grad_J_gen"]["y_rec"]); close(j_recon, o["j_recon"])
+    n = len(NM["z"]) // 2
+    a, b = np.mean(rec["ce_anc"]), np.mean(rec["ce_neg"])
+    close(o["j_soft"], (n * a + n * n * b) / (n + n * n))
+    np.testing.assert_allclose(SOFTMAX_FACTOR * LAM * o["j_soft"].item() / rec["J_soft"] - 1, -0.4822, atol=5e-5)
+
+
+HDML_L2 = FLAGS["loss_l2_reg"] / 4      # NPairLoss's l2_reg in the paper-npair preset: the official 0.25 * reg_lambda

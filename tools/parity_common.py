@@ -31,3 +31,12 @@ def fixture_parser(doc: str, # the script's docstring (its second line describes
     ap.add_argument("--commit", help="its commit (needed when PATH is not a git checkout)")
     ap.add_argument("--out", type=Path, default=FIXTURES/fixture)
     return ap
+
+
+def cited_lines(root: Path, functions: dict) -> dict:
+    "The text (stripped) of each cited `file:line` of `functions`, read from the official copy at `root`."
+    out = {}
+    for key, at in functions.items():
+        path, line = at.rsplit(":", 1)
+        out[key] = (root/path).read_text().splitlines()[int(line) - 1].strip()
+    return out

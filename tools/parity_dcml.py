@@ -17,11 +17,12 @@ the official code is copied. Three things make it run on a CPU without its depen
   see the same triplets (the official distance-weighted miner draws them with numpy's global generator).
 It also records that the README's default (`--diva_features discriminative`, one feature) fails in the official forward.
 
-Writes `tests/fixtures/parity/dcml.npz` (numbers only) and `dcml.json` (repository, commit, file:line per function)."""
+Writes `tests/fixtures/parity/dcml.npz` (numbers only) and `dcml.json` (repository, commit, file:line per function and
+that line's text)."""
 from __future__ import annotations
 import argparse, importlib.util, inspect, json, subprocess, sys, types
 from pathlib import Path
-from parity_common import fail, commit_of   # tools/parity_common.py (this folder is on sys.path)
+from parity_common import cited_lines, fail, commit_of   # tools/parity_common.py (this folder is on sys.path)
 from unittest import mock
 import numpy as np
 import torch
@@ -164,6 +165,7 @@ def main():
             "settings": dict(batch=B, feature_dim=Fdim, n_learners=K, learner_dim=D, n_compositors=M, n_classes=n_classes,
                              margin=0.2, beta=1.2, diva_features=features, arch=opt.arch, init="learners: torch default; compositors: normal(0, 0.3)"),
             "arrays": {k: list(v.shape) for k, v in arrays.items()}}
+    meta["lines"] = cited_lines(args.repo, meta["functions"])
     (out_dir / "dcml.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {out_dir / 'dcml.npz'} ({(out_dir / 'dcml.npz').stat().st_size} bytes) and dcml.json; commit {commit}; one feature: {single}")
 

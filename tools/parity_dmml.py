@@ -7,12 +7,12 @@ PATH is a local copy of https://github.com/CHENGY12/DMML (a clone, or `git archi
 `DMMLLoss` in float64 on one fixed, seeded episode (raw embeddings: center and hard mining modes, the latter with margins
 0.4 and 0; L2-normalised ones: hard mining) and writes what it computes: the set distances from every query to
 every meta-cell (the negated input of its log-softmax, caught on the way in), the loss, and the loss's gradient with
-respect to the embeddings. It needs PyTorch only; the test that reads the fixture needs neither this script nor the
+respect to the embeddings, with the file:line and text of each official function used. It needs PyTorch only; the test that reads the fixture needs neither this script nor the
 official code.
 """
 import argparse, importlib, inspect, json, subprocess, sys
 from pathlib import Path
-from parity_common import commit_of, fixture_parser   # tools/parity_common.py (this folder is on sys.path)
+from parity_common import cited_lines, commit_of, fixture_parser   # tools/parity_common.py (this folder is on sys.path)
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +68,7 @@ def main(argv=None):
         note="distances: rows = queries of the classes in ascending label order, columns = classes in ascending order; "
              "center and hard use `raw` as the embeddings, hard_unit uses `on_sphere` L2-normalised (gradient w.r.t. on_sphere)",
         cases=cases)
+    fixture["lines"] = cited_lines(args.path, fixture["functions"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(fixture, indent=1) + "\n")
     print(f"wrote {args.out} ({args.out.stat().st_size} bytes) from {REPO}@{fixture['commit'][:12]}")

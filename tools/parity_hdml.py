@@ -15,12 +15,17 @@ gives them:
   `embedding_size` set to the small fixture's sizes. `embedding_size` is an int (the flag is a float, which `tf.tile`
   refuses), and `batch_size` divides like Python 2 (`batch_size / 2` is an int), without which the N-pair branch of
   `Pulling` (`lib/HDML.py`, `tf.tile(neg, [FLAGS.batch_size / 2, 1])`) cannot run under Python 3.
+`main_npair.py` runs on a batch of N pairs with two more: its feature width, hard-coded as 1024 there and in
+`npairSplit` (`tf.slice(..., size=[..., 1024])`), is read as the fixture's (`slice_width`), and its call of
+`new_npair_loss` gets `half_batch_size=N` (the default 64 is its batch of 128 halved). Its generator and the
+classifier's layers on the synthetic features are replaced by fed values, so the statements from the pull to `J_gen`
+run on the fixture's numbers.
 Nothing of the official code is copied into the project; the fixture holds numbers and, per quantity, the official
-file:line that computed it.
+file:line that computed it and that line's text (`lines`, `flag_texts`).
 """
-import argparse, ast, json, re, subprocess, sys, textwrap
+import argparse, ast, functools, json, re, subprocess, sys, textwrap
 from pathlib import Path
-from parity_common import commit_of, fixture_parser   # tools/parity_common.py (this folder is on sys.path)
+from parity_common import cited_lines, commit_of, fixture_parser   # tools/parity_common.py (this folder is on sys.path)
 from types import SimpleNamespace
 
 import numpy as np
@@ -86,8 +91,7 @@ class Official:
         fn = next(n for n in ast.walk(self.tree) if isinstance(n, ast.FunctionDef) and n.name == func)
         picked = []
         for n in ast.walk(fn):
-            if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and n.targets[0].id in targets:
-                picked.append(n)
+            if isinstance(n, ast.Assign) and len(n.targets) == 1 and any(name in targets for name in assigned(n)): picked.append(n)
             elif isinstance(n, ast.FunctionDef) and n.name in targets: picked.append(n)
         return sorted(picked, key=lambda n: n.lineno)
     def run(self, node):
@@ -95,6 +99,12 @@ class Official:
         code = textwrap.dedent(ast.get_source_segment(self.src, node, padded=True))
         exec(compile(code, f"{self.rel}", "exec"), self.ns)
         return f"{self.rel}:{node.lineno}"
+
+
+def assigned(node) -> list:
+    "The names an assignment binds: `x = ...` or `x, y = ...`."
+    t = node.targets[0]
+    return [t.id] if isinstance(t, ast.Name) else [e.id for e in getattr(t, "elts", []) if isinstance(e, ast.Name)]
 
 
 def value(sess, t, feed=None): return np.asarray(sess.run(t, feed)).tolist()
@@ -117,6 +127,66 @@ def triplet_inputs(rng):
     lab = rng.permutation(C)[:T]
     other = (lab + 1 + rng.integers(0, C - 1, T)) % C
     return np.concatenate([anc, pos, neg]), np.concatenate([lab, lab, other])
+
+
+def slice_width(input_, begin, size, name=None):
+    "tf.slice, a width of 1024 (the official feature width, hard-coded in main_npair.py and npairSplit) read as the input's."
+    width = input_.shape.as_list()[1]
+    return v1.slice(input_, begin, [width if i == 1 and s == 1024 else s for i, s in enumerate(size)], name=name)
+
+
+def npair_objectives(root: Path, flags, rng, z_np, lab_np, w_fc, b_fc, params) -> tuple[dict, dict, list]:
+    """main_npair.py's statements on a batch of N pairs, executed as they stand (its file:line, inputs, one record per J_gen):
+    J_m, the pull, the N + N^2 synthetic rows, J_syn, J_metric, J_recon, J_soft (and its two per-row cross-entropies), J_gen.
+    The generator and the classifier's layers on the synthetic features are replaced by fed values (`y_all`, `z_syn`)."""
+    n = len(z_np) // 2
+    y_np, yp_np = rng.standard_normal((2 * n, F_DIM)), rng.standard_normal((2 * n, F_DIM))       # real, reconstructed features
+    yq_np, zq_np = rng.standard_normal((n + n * n, F_DIM)), rng.standard_normal((n + n * n, D))   # synthetic features, embeddings
+    inputs = dict(z=z_np.tolist(), labels=lab_np.tolist(), y=y_np.tolist(), y_rec=yp_np.tolist(), y_syn=yq_np.tolist(),
+                  z_syn=zq_np.tolist(), W_fc=w_fc.tolist(), b_fc=b_fc.tolist(), params={k: v.tolist() for k, v in params.items()})
+    where, records = {}, []
+    g = tf.Graph()
+    with g.as_default(), v1.Session(graph=g) as sess:
+        F3 = Proxy(flags, batch_size=Py2Int(2 * n), embedding_size=D, LossType="NpairLoss")
+        ns = dict(tf=Proxy(TF, slice=slice_width), np=np, os=None, FLAGS=F3, math_ops=Proxy(v1, to_float=to_f64, multiply=mul64),
+                  array_ops=v1, nn=v1.nn, logging_ops=None, dtypes=None)
+        Official(root, "lib/nn_Ops.py", ns).define("distance")
+        where |= {k: v for k, v in Official(root, "lib/HDML.py", ns).define("Pulling", "npairSplit", "genSoftmax").items() if k == "npairSplit"}
+        Official(root, "lib/Loss_ops.py", ns).define("new_npair_loss", "npairs_loss", "Loss")
+        ns["HDML"] = SimpleNamespace(Pulling=ns["Pulling"], npairSplit=ns["npairSplit"], genSoftmax=ns["genSoftmax"])
+        # main_npair.py calls new_npair_loss with its default half_batch_size=64 (its batch of 128 / 2): here N
+        ns["Loss_ops"] = SimpleNamespace(Loss=ns["Loss"], new_npair_loss=functools.partial(ns["new_npair_loss"], half_batch_size=n))
+        for name, arr in params.items(): v1.Variable(arr, name=name.split(":")[0])
+        sess.run(v1.global_variables_initializer())
+        z, javg, jgen = v1.placeholder(tf.float64, z_np.shape), v1.placeholder(tf.float64, ()), v1.placeholder(tf.float64, ())
+        zq, y_all = v1.placeholder(tf.float64, zq_np.shape), v1.placeholder(tf.float64, (2 * n + n + n * n, F_DIM))
+        ns.update(embedding_z=z, label=tf.constant(lab_np), Javg=javg, Jgen=jgen, embedding_y_origin=tf.constant(y_np),
+                  embedding_y_concate=y_all, W_fc=tf.constant(w_fc), b_fc=tf.constant(b_fc))
+        mn = Official(root, "main_npair.py", ns)
+        wanted = {"exclude_batch_norm", "wdLoss", "J_m", "embedding_z_quta", "embedding_yp", "embedding_zq_anc", "embedding_zq_negtile",
+                  "J_syn", "J_metric", "embedding_yq_anc", "embedding_yq_negtile", "J_recon", "J_soft", "J_gen"}
+        snap, ce, weight = {}, [], None
+        for node in mn.statements("main", wanted):
+            name = node.name if isinstance(node, ast.FunctionDef) else assigned(node)[0]
+            if name == "embedding_z_quta":
+                if "z_in" in snap: continue        # the classifier's bn and fc on the synthetic features: fed as z_syn instead
+                where["main_npair.z_in"] = mn.run(node); snap["z_in"] = ns[name]; ns[name] = zq; continue
+            key = name if name not in snap else name + "_weighted"
+            n_ops = len(g.get_operations())
+            where[f"main_npair.{key}"] = mn.run(node); snap[key] = ns[name]
+            new_ops = g.get_operations()[n_ops:]
+            if key == "J_syn": weight = next(op for op in new_ops if op.type == "Exp").outputs[0]      # exp(-beta / Jgen)
+            if key == "J_soft": ce = [op.outputs[0] for op in new_ops if op.type == "SparseSoftmaxCrossEntropyWithLogits"]
+        ce_neg, ce_anc = sorted(ce, key=lambda t: -t.shape[0])          # per-row losses: N^2 pulled negatives, N anchors
+        for j in JGEN:
+            f = {z: z_np, zq: zq_np, y_all: np.concatenate([yp_np, yq_np]), javg: 45.0, jgen: j}
+            rec = dict(j_avg=45.0, j_gen=j, weight=value(sess, weight, f), ce_anc=value(sess, ce_anc, f), ce_neg=value(sess, ce_neg, f))
+            rec |= {k: value(sess, snap[k], f) for k in ("z_in", "wdLoss", "J_m", "J_m_weighted", "J_syn", "J_metric", "J_recon", "J_soft", "J_gen")}
+            rec["grad_J_metric"] = dict(zip(("z", "z_syn"), grad_of(sess, snap["J_metric"], [z, zq], f)))
+            gy = grad_of(sess, snap["J_gen"], [y_all], f)[0]
+            rec["grad_J_gen"] = dict(y_rec=gy[:2 * n], y_syn=gy[2 * n:])
+            records.append(rec)
+    return where, inputs, records
 
 
 def main(argv=None):
@@ -214,9 +284,12 @@ def main(argv=None):
         out["j_syn_npair"] = dict(value=value(sess, syn, f), grad=dict(zip(("z_syn_anc", "z_syn_neg"), grad_of(sess, syn, [za, zneg], f))))
         real = ns["Loss"](z, tf.constant(labn_np), "NpairLoss")
         out["j_real_npair"] = dict(value=value(sess, real, {z: zn_np}), grad=grad_of(sess, real, [z], {z: zn_np})[0])
+    w_np, i_np, rec_np = npair_objectives(root, flags, rng, zn_np, labn_np, w_fc, b_fc, params)
+    where |= w_np; inputs["npair_main"] = i_np; out["objectives_npair"] = rec_np
     flags_used = ("alpha", "beta", "Softmax_factor", "_lambda", "loss_l2_reg", "Regular_factor")
     fixture = dict(repository=f"https://github.com/{REPO}", commit=commit_of(root, args.commit), functions=where,
                    flags={k: getattr(flags, k) for k in flags_used}, flag_lines={k: flag_lines[k] for k in flags_used},
+                   lines=cited_lines(root, where), flag_texts=cited_lines(root, {k: flag_lines[k] for k in flags_used}),
                    inputs=inputs, outputs=out,
                    note="float64 graphs of tf.compat.v1 (TensorFlow " + tf.__version__ + "); gradients of non-scalar outputs "
                         "are of sum(output * R), R ~ N(0, 1) from numpy's default_rng(7) in the output's shape")

@@ -15,12 +15,16 @@ module, `torch.cuda.FloatTensor` is `torch.DoubleTensor`). The numpy draws of th
 replaced: before each `np.random.choice(..., p=...)` the generator's state is saved, the uniform that the call consumes
 is read back, and the script checks that the official choice is the inverse CDF of `p` at that uniform.
 
-Writes `tests/fixtures/parity/pads.npz` (numbers only) and `pads.json` (the repository, commit and file:line of every
-function run, and the settings)."""
+It also runs `give` twice more, under a p with empty edge bins (no official mass on candidates we drop) and on a chosen
+distance matrix (the sampler's `pdist` returns it: distances on both grids, ties, 0, both ends), and drives
+`update_sample_distr` for 300 calls until its clip of the unnormalised p binds.
+
+Writes `tests/fixtures/parity/pads.npz` (numbers only) and `pads.json` (the repository, commit, file:line and that
+line's text of every function run, and the settings)."""
 from __future__ import annotations
 import argparse, importlib.util, inspect, json, os, subprocess, sys, types
 from pathlib import Path
-from parity_common import fail, commit_of   # tools/parity_common.py (this folder is on sys.path)
+from parity_common import cited_lines, fail, commit_of   # tools/parity_common.py (this folder is on sys.path)
 from unittest import mock
 import numpy as np
 import torch
@@ -157,6 +161,7 @@ def main():
     neg_draws = rec.draws[n_draws:]
     neg_p = np.stack([d[0] for d in neg_draws]); neg_u = np.array([d[1] for d in neg_draws])
     dist_matrix = criterion.sampler.pdist(torch.from_numpy(batch)).numpy()
+    sampler_distr = criterion.sampler.distr.copy()
 
     # ---- the state's class distances (Compute_Complete_Metrics.dists), where scipy and scikit-learn are installed
     emb = g.normal(size=(24, 6)); emb /= np.linalg.norm(emb, axis=1, keepdims=True); emb_labels = np.repeat(np.arange(6), 4)
@@ -185,14 +190,49 @@ def main():
                          f"{tag}_losses": np.array(captured[n_losses:]), f"{tag}_first_grad": first_grad,
                          f"{tag}_final_params": flat(v.policy.parameters()), f"{tag}_baselines": np.array(baselines, dtype=float)})
 
+    # ---- the negatives' branches the first batch leaves empty (all after the runs above, so their numbers are unchanged):
+    #      (a) the same batch under a p whose edge bins are empty: no mass on the anchor itself nor outside the interval;
+    #      (b) `give` on a chosen distance matrix (the sampler's `pdist` returns it): distances exactly on the official grid
+    #          points and on ours (`torch.linspace`, one ulp apart at some points), at 0, ties, and outside [0.1, 1.4]
+    edge = np.random.default_rng(4).dirichlet(np.ones(K)); edge[[0, -1]] = 0.0
+    extra = {}
+    for tag, distr, dist_matrix_of, n in (("edge", edge, None, len(batch)), ("grid", np.random.default_rng(5).dirichlet(np.ones(K)), "grid", 16)):
+        criterion.sampler.no_norm_distr = distr; criterion.sampler.distr = criterion.sampler.norm(distr)
+        lab = labels if tag == "edge" else np.repeat(np.arange(4), 4)
+        if dist_matrix_of == "grid":
+            gr = np.random.default_rng(6)
+            values = np.concatenate([criterion.sampler.support, torch.linspace(0.1, 1.4, K + 1, dtype=torch.float64).numpy(),
+                                     [0.0, 0.05, 0.0999, 1.4001, 1.5, 0.7, 0.7, 0.7]])
+            dm = gr.choice(values, (n, n)); dm = np.triu(dm, 1); dm = dm + dm.T
+            orig_pdist = criterion.sampler.pdist; criterion.sampler.pdist = lambda A, dm=dm: torch.from_numpy(dm)
+            b = torch.zeros(n, 2)
+        else: b = torch.from_numpy(batch)
+        n_draws = len(rec.draws); np.random.seed(7)
+        trip = np.array(criterion.sampler.give(b, lab))
+        if dist_matrix_of == "grid": criterion.sampler.pdist = orig_pdist
+        draws = rec.draws[n_draws:]
+        extra.update({f"{tag}_sampler_distr": criterion.sampler.distr, f"{tag}_labels": lab, f"{tag}_triplets": trip,
+                      f"{tag}_neg_probs": np.stack([d[0] for d in draws]), f"{tag}_neg_uniforms": np.array([d[1] for d in draws])})
+        if dist_matrix_of == "grid": extra.update(grid_distances=dm, grid_support=criterion.sampler.support)
+
+    # ---- the distribution update over a long run of actions, where the official clip of the unnormalised p to
+    #      [1e-25, 1e25] binds: bin 0 always alpha, the initial emphasis always beta, the rest 1 (300 calls)
+    sampler = off.Parametric_Sampler(**sampler_pars)
+    long_actions = np.where(np.arange(K) == 0, 0, np.where(init_distr > 1e-10, 2, 1))
+    long_distrs, long_nonorm = [], []
+    for _ in range(300):
+        sampler.update_sample_distr(np.array(action_values)[long_actions])
+        long_distrs.append(sampler.distr.copy()); long_nonorm.append(sampler.no_norm_distr.copy())
+    extra.update(long_init=init_distr, long_actions=long_actions, long_distrs=np.stack(long_distrs), long_nonorm_distrs=np.stack(long_nonorm))
+
     out = args.out; out.mkdir(parents=True, exist_ok=True)
     arrays = dict(metrics=metrics, states=np.stack(states), action_probs=np.stack(probs), actions=np.array(actions),
                   uniforms=np.array(uniforms), losses=np.array(losses), init_params=init_params, grads=np.stack(grads),
                   params_final=params_after[-1], old_params_final=old_params[-1], init_distr=init_distr,
                   old_refresh_call=np.array([t for t in range(len(old_params)) if not np.array_equal(old_params[t], init_params)][0]),
                   distrs=np.stack(distrs), nonorm_distrs=np.stack(nonorm), batch=batch, labels=labels, triplets=triplets,
-                  neg_probs=neg_p, neg_uniforms=neg_u, batch_distances=dist_matrix, sampler_distr=criterion.sampler.distr,
-                  dists_embeddings=emb, dists_labels=emb_labels, **({"dists": dists} if dists is not None else {}), **variants)
+                  neg_probs=neg_p, neg_uniforms=neg_u, batch_distances=dist_matrix, sampler_distr=sampler_distr,
+                  dists_embeddings=emb, dists_labels=emb_labels, **({"dists": dists} if dists is not None else {}), **variants, **extra)
     np.savez_compressed(out / "pads.npz", **arrays)
     meta = {"repository": f"https://github.com/{REPO}", "commit": commit, "script": "tools/parity_pads.py",
             "stubbed_imports": stubbed, "cpu_float64": "Module.cuda returns the module; torch.cuda.FloatTensor is torch.DoubleTensor",
@@ -204,7 +244,9 @@ def main():
                 "distrs, nonorm_distrs": where(off.Parametric_Sampler.update_sample_distr),
                 "triplets, neg_probs, neg_uniforms": where(off.Parametric_Sampler.give),
                 "dists": where(off.Compute_Complete_Metrics.dists),
-                "reinforce_*, ema_*": where(off.PADS.update), "ema_baselines": where(off.PADS.exp_mov_avg)},
+                "reinforce_*, ema_*": where(off.PADS.update), "ema_baselines": where(off.PADS.exp_mov_avg),
+                "edge_*, grid_*": where(off.Parametric_Sampler.give), "grid_support": where(off.Parametric_Sampler.__init__),
+                "long_*": where(off.Parametric_Sampler.update_sample_distr)},
             "settings": dict(n_bins=K, hidden=hidden, action_values=action_values, history=history, windows=windows,
                              max_iter=max_iter, progress_iters=[10 * (t + 1) for t in range(args.calls)], policy_lr=0.01,
                              ppo_clip=0.2, old_policy_every=5, discount=0.99, support=[0.1, 1.4], include_pos=True,
@@ -212,6 +254,7 @@ def main():
                              param_layout="official order: network.0.weight, network.0.bias, network.2.weight, network.2.bias, "
                                           "action_weights.weight (rows a*K+k), action_weights.bias, value.weight, value.bias"),
             "arrays": {k: list(np.shape(v)) for k, v in arrays.items()}}
+    meta["lines"] = cited_lines(args.repo, meta["functions"])
     (out / "pads.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"wrote {out / 'pads.npz'} ({(out / 'pads.npz').stat().st_size} bytes) and pads.json; commit {commit}")
 
