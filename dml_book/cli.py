@@ -158,29 +158,46 @@ def check_inputs(args, # the parsed arguments of evaluate, embed, index or searc
     if fig: check_output(fig, FIGURE_SUFFIXES, "choose another --gallery-figure")
 
 # %% ../nbs/10_cli.ipynb #c0629742
-def _add_tune_command(sub):
+def _add_tune_command(sub, values: bool = True): # the subparsers; whether to show the defaults' values (imports `dml_book.tune`, no torch)
     "`dml-book tune`: its flags (no torch: the study's name is checked when the command runs)."
+    trials, epochs = "dml_book.tune.TRIALS", "dml_book.tune.TRIAL_EPOCHS"   # the parser of another command: no import for them
+    if values:
+        from dml_book.tune import TRIALS, TRIAL_EPOCHS
+        trials, epochs = TRIALS, TRIAL_EPOCHS
     tu = sub.add_parser("tune", help="tune a study's arms alike on validation classes (Optuna), then optionally decide it again")
     tu.add_argument("study", help="a study with a search space: ala, dcml, dmml, hdml, pads")
     tu.add_argument("--arm", action="append", default=None, help="tune only this arm (repeatable; default: the baseline and the method)")
-    tu.add_argument("--trials", type=_positive, default=None, help="complete trials per arm (default: dml_book.tune.TRIALS)")
-    tu.add_argument("--epochs", type=_positive, default=None, help="epochs of a trial (default: dml_book.tune.TRIAL_EPOCHS)")
+    tu.add_argument("--trials", type=_positive, default=None, help=f"complete trials per arm (default: {trials})")
+    tu.add_argument("--epochs", type=_positive, default=None, help=f"epochs of a trial (default: {epochs})")
     tu.add_argument("--jobs", type=_positive, default=1, help="trials side by side, one process each (default: 1)")
     tu.add_argument("--storage", default=None, help="an SQLAlchemy URL, e.g. postgresql://user@host/db for many machines "
                     "(default: sqlite in RESULTS/STUDY/tuning/optuna.db)")
     tu.add_argument("--results", default="results", help="the results store (default: results)")
+    tu.add_argument("--yes", action="store_true", help="start without asking, even more than an hour of work (default: ask on a terminal, refuse elsewhere)")
     tu.add_argument("--decide", action="store_true", help="then train each arm's best trial at the power rule's seeds and compare on test; then fine-tuning the pretrained backbone (5 seeds)")
 
 # %% ../nbs/10_cli.ipynb #5c19d93a
+def _confirmed(plan: dict) -> bool:
+    "Ask on a terminal whether to start the planned work; elsewhere refuse it in one line (`--yes` starts it)."
+    from dml_book.tune import _duration
+    what = f"about {_duration(plan['seconds'])} of training" if plan["seconds"] is not None else "training of unknown length"
+    if not sys.stdin.isatty(): raise ConfigError(f"this is {what} ({sum(plan['left'].values())} trials): pass --yes to start it")
+    if input(f"Start {what}? [y/N] ").strip().lower() in ("y", "yes"): return True
+    print("Nothing started."); return False
+
 def tune_command(args, # the parsed command-line arguments
                 ) -> int:
     "Run `dml-book tune`: the arms' trials until each has its budget, a line per arm, then (`--decide`) the tuned study, from scratch and pretrained."
     from dml_book.registry import check_choice
-    from dml_book.tune import tuning_spec, tune, tuned_study, pretrained_tuned_study, TRIALS, TRIAL_EPOCHS, PRETRAINED_TUNED_SEEDS
+    from dml_book.tune import TRIALS, TRIAL_EPOCHS, tuning_plan, plan_lines, needs_confirmation   # no torch yet: the plan first
+    arms = tuple(args.arm) if args.arm else None
+    plan = tuning_plan(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS, args.results, args.storage, arms, args.jobs)
+    print(*plan_lines(plan), sep="\n", flush=True)
+    if needs_confirmation(plan) and not args.yes and not _confirmed(plan): return 1
+    from dml_book.tune import tuning_spec, tune, tuned_study, pretrained_tuned_study, PRETRAINED_TUNED_SEEDS
     from dml_book.tuning_report import counted
     t = tuning_spec(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS)
-    for a in args.arm or (): check_choice("arm", a, sorted(t.spaces))
-    frame = tune(t, args.results, args.storage, args.jobs, tuple(args.arm) if args.arm else None)
+    frame = tune(t, args.results, args.storage, args.jobs, arms)
     for arm, g in counted(frame).groupby("arm"):   # each setting once (a trial retried twice is one trial)
         best = g.loc[g.val_R1.idxmax()]
         print(f"{args.study}/{arm}: {len(g)} trials, best validation R@1 {100 * best.val_R1:.2f} (trial {best.number}): {best.params}")
@@ -310,7 +327,7 @@ def parser(command: str|None = None, # build only this subcommand's `train` flag
     pt = sub.add_parser("pretrain", help="the backbone pretrained on the glyph classes glyphs-XL leaves out: cached, or trained now; prints its file")
     if command in (None, "pretrain"): _add_pretrain_flags(pt, _cached("pretrain", _pretrain_flags))   # torch, as train's flags: cached
     _add_run_commands(sub)
-    _add_tune_command(sub)
+    _add_tune_command(sub, command in (None, "tune"))
     e = sub.add_parser("experiment", help="run an experiment notebook with papermill; the executed notebook is saved beside its results")
     e.add_argument("name", help="an experiment of nbs/experiments (train_eval, hdml, ...) or a path to a notebook")
     e.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
@@ -531,7 +548,8 @@ def error_line(e: BaseException, # an error to report
 
 INTERRUPTED = {"train": "every file written so far is whole: run the same command again to resume from the last checkpoint",
                "experiment": "runs that finished are kept: run the same command again to train the rest",
-               "pretrain": "nothing was cached: run the same command again to train the backbone anew"}
+               "pretrain": "nothing was cached: run the same command again to train the backbone anew",
+               "tune": "finished trials are kept and the interrupted ones retried with their settings: run the same command again to resume"}
 
 def _stdout_closed() -> bool:
     "Whether stdout is a pipe whose reader has gone (poll reports an error on it): a socket's broken pipe is another matter."

@@ -11,9 +11,10 @@ from pathlib import Path
 from .registry import ConfigError, quote
 
 # %% auto #0
-__all__ = ['FIGURE_SUFFIXES', 'MANIFEST', 'MANIFEST_SCHEMA', 'FileError', 'write_bytes', 'to_json', 'write_text', 'write_json',
-           'append_line', 'open_lock', 'check_folder', 'refuse_links', 'check_output', 'save_figure', 'write_folder',
-           'read_bytes', 'check_schema', 'read_json', 'read_folder', 'bounded_memory']
+__all__ = ['MARK', 'FIGURE_SUFFIXES', 'MANIFEST', 'MANIFEST_SCHEMA', 'FileError', 'write_bytes', 'to_json', 'write_text',
+           'write_json', 'append_line', 'open_lock', 'check_folder', 'refuse_links', 'check_output', 'make_folder',
+           'is_own', 'clean_folder', 'save_figure', 'write_folder', 'read_bytes', 'check_schema', 'read_json',
+           'read_folder', 'bounded_memory']
 
 # %% ../nbs/08e_files.ipynb #3b0ed1ba
 class FileError(ConfigError):
@@ -157,6 +158,52 @@ def check_output(path, # an output file
     if path.is_dir(): raise FileError(f"{path} is a folder, not a file; {fix}")
     check_folder(path.parent, fix, create)
     return path
+
+# %% ../nbs/08e_files.ipynb #7c1a0e02
+MARK = ".dml_book"   # the empty file `make_folder` leaves in each folder it creates: the mark of a folder dml_book may clean
+
+def make_folder(folder, # the folder to make (or enter), below `root`
+                root=None, # the folder the user named: links are followed up to it, never below (None: `folder`'s parent)
+                fix: str = "choose another output folder", # the end of the message of a refusal
+               ) -> Path:
+    "Make `folder` and every folder between `root` and it, following no link below `root`, and mark each one it creates (`MARK`)."
+    folder = Path(folder); root = folder.parent if root is None else Path(root)
+    try: parts = folder.relative_to(root).parts
+    except ValueError: raise FileError(f"{folder} is not inside {root}; {fix}") from None
+    root.mkdir(parents=True, exist_ok=True); p = root
+    for part in parts:
+        p = p/part
+        if p.is_symlink(): raise FileError(f"{p} is a symbolic link, and dml_book makes and writes no folder through a link; {fix}")
+        try: os.mkdir(p)
+        except FileExistsError:
+            if p.is_symlink() or not p.is_dir(): raise FileError(f"{p} is not a folder (a file or a link); {fix}") from None
+            continue
+        except OSError as e: raise _os_error(p, e, "create", fix) from None
+        os.close(os.open(p/MARK, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o644))
+    return folder
+
+def is_own(folder) -> bool: # a folder
+    "Whether `folder` is dml_book's to clean: no link, and it holds `MARK` or nothing at all."
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir(): return False
+    names = os.listdir(folder)
+    return not names or MARK in names
+
+def clean_folder(folder, # a folder `make_folder` made
+                 keep: tuple = (), # the names to keep (besides `MARK`)
+                 fix: str = "choose another output folder", # the end of the message of a refusal
+                ) -> list[str]:
+    "Delete every entry of `folder` but `keep`, refused (`FileError`) unless the folder is dml_book's own (`is_own`); the names deleted."
+    import shutil
+    folder = Path(folder)
+    if not is_own(folder): raise FileError(f"{folder} is not a folder dml_book made (a link, or files without its mark {MARK}): "
+                                           f"dml_book cleans only its own folders; {fix}")
+    gone = sorted(n for n in os.listdir(folder) if n not in (*keep, MARK))
+    for n in gone:
+        p = folder/n
+        if p.is_dir() and not p.is_symlink(): shutil.rmtree(p)   # removes links inside, never what they point to
+        else: p.unlink()   # a file, or a link itself (not its target)
+    return gone
 
 # %% ../nbs/08e_files.ipynb #d4e2bce9
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")   # what `save_figure` writes (matplotlib's formats)

@@ -183,7 +183,8 @@ def _relative_paths(folder: Path, results: Path, weights_path: str | None = None
     m["config"]["out"] = str(folder.resolve().relative_to(results.resolve()))
     if "weights_path" in m["config"]: m["config"]["weights_path"] = weights_path
     if m["config"].get("data_root") and os.path.isabs(m["config"]["data_root"]): m["config"]["data_root"] = None
-    f.write_text(json.dumps(m, indent=1))
+    from dml_book.files import write_json
+    write_json(f, m, indent=1)   # whole, and never through a link
 
 def _located(cfg, results):
     "`cfg` with a relative `weights_path` (a file of the clone, as `PRETRAINED_BACKBONE`) found beside the results folder."
@@ -202,18 +203,22 @@ def train_one(cfg, # the run: its `out` is the run's folder
               threads: int = 1, # torch threads of this run
               keep_log: bool = False, # keep the step log (the reference seed)
              ) -> dict:
-    "Train (or resume) one run, keep only its small files, write `run.json`; its `run.json`."
+    "Train (or resume) one run in a folder made without following a link (`make_folder`), keep only its small files, write `run.json`; its `run.json`."
     import torch
     from dml_book.train import Trainer
+    from dml_book.files import make_folder, write_json, refuse_links
+    fix = "remove the link, or run the study into another results store"
+    c0, t0, out = None, time.time(), make_folder(cfg.out, results, fix)
+    refuse_links(out, ("run.json",))   # before any work: run.json is written last
     torch.set_num_threads(threads)
     cpu = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
-    c0, t0, out = cpu(), time.time(), Path(cfg.out)
+    c0 = cpu()
     trainer = Trainer(_located(cfg, results)); trainer.fit()
     for name in ("checkpoint.pt", "best.pt", ".lock", *(() if keep_log else ("log.jsonl",))): (out/name).unlink(missing_ok=True)
     _relative_paths(out, Path(results), cfg.weights_path)
     info = dict(cpu_seconds=round(cpu() - c0, 1), wall_seconds=round(time.time() - t0, 1), threads=threads,
                 device=str(trainer.device), gpu=torch.cuda.get_device_name() if trainer.device.type == "cuda" else None)
-    (out/"run.json").write_text(json.dumps(info))
+    write_json(out/"run.json", info)
     return info
 
 # %% ../nbs/11b_study_design.ipynb #ae4a2efb
@@ -233,8 +238,8 @@ def run_arms(study: Study, # the study
             cfg = replace(study.arms[arm], seed=int(s), out=str(root/arm/f"seed{s}"))
             done = Path(cfg.out)/"metrics.json"
             if done.is_file() and _same_config(done, cfg): continue
-            if done.is_file():   # written by another configuration: kept aside under a name no `seed*` pattern reads
-                stale = Path(cfg.out).with_name(f"stale-seed{s}"); shutil.rmtree(stale, ignore_errors=True)
+            if done.is_file():   # written by another configuration: kept aside under a name no `seed*` pattern reads (nothing deleted)
+                stale = next(p for i in range(10**6) if not os.path.lexists(p := Path(cfg.out).with_name(f"stale-seed{s}" + (f"-{i}" if i else ""))))
                 Path(cfg.out).rename(stale); log(f"{arm}/seed{s}: stored by another configuration, moved to {stale.name}")
             todo.append((arm, int(s), cfg))
     todo.sort(key=lambda t: t[1])   # seed by seed (stable: the arms in order): a study stopped part-way holds whole pairs
@@ -291,9 +296,10 @@ def run_study(study: Study, # the study to run (or to finish)
               seeds: dict | None = None, # arm -> seeds, instead of the power rule ({}: train nothing)
               log=print) -> pd.DataFrame:
     "Check the arms, train what is missing (power rule unless `seeds`), check the runs, record the study; its frame."
+    from dml_book.files import make_folder, write_text, to_json
     check_arms(study)
-    root = Path(results)/study.name; root.mkdir(parents=True, exist_ok=True)
-    (root/"study.json").write_text(json.dumps(describe(study), indent=1, default=str))
+    root = make_folder(Path(results)/study.name, results, "remove the link, or run the study into another results store")
+    write_text(root/"study.json", to_json(describe(study), indent=1, default=str))
     while True:
         plan = plan_seeds(study, root) if seeds is None else seeds   # {}: train nothing, re-check and re-record
         trained = run_arms(study, plan, results, jobs, log)
@@ -305,8 +311,9 @@ def run_study(study: Study, # the study to run (or to finish)
 def _record_time(root: Path):
     from dml_book.results import find_runs
     runs = [json.loads((f/"run.json").read_text()) for f in find_runs(root) if (f/"run.json").is_file()]   # not a nested study's
-    (root/"study_time.json").write_text(json.dumps(dict(cpu_seconds=round(sum(r["cpu_seconds"] for r in runs), 1), runs=len(runs),
-                                                       devices=sorted({r["device"] for r in runs}))))
+    from dml_book.files import write_json
+    write_json(root/"study_time.json", dict(cpu_seconds=round(sum(r["cpu_seconds"] for r in runs), 1), runs=len(runs),
+                                            devices=sorted({r["device"] for r in runs})))
 
 # %% ../nbs/11b_study_design.ipynb #dd0a2b5c
 def _arm(**kw):

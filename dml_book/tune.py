@@ -6,22 +6,23 @@ Docs: https://dml-book.github.io/dml_book/tune.html.md"""
 
 # %% ../nbs/11e_tune.ipynb #679df354
 from __future__ import annotations
-import fcntl, json, math, os, resource, shutil, time
+import fcntl, functools, json, math, os, re, resource, shutil, time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, replace, asdict
 from pathlib import Path
 import pandas as pd
 from .study_design import (Study, study_spec, config_fields, arm_differences, check_arms, StudyError, _threads, _declared,
                                    _relative_paths)
 
 # %% auto #0
-__all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT', 'PRETRAINED_TUNED_SEEDS',
-           'SHARED_SWAP', 'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec', 'check_trial',
-           'calibration_configs', 'calibrate_trial_length', 'trial_length_check', 'rank_agreement', 'default_storage',
-           'open_storage', 'creation_lock', 'ValidationTrainer', 'run_trial', 'constraint_value', 'record_constraint',
-           'optuna_study', 'trial_folder', 'trial_origin', 'fail_stale', 'claim', 'beating', 'run_one',
-           'recover_finished', 'tune', 'trials_frame', 'write_trials', 'best_values', 'tuned_study',
-           'pretrained_tuned_study', 'shared_swap_study']
+__all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT', 'CONFIRM_SECONDS',
+           'PRETRAINED_TUNED_SEEDS', 'SHARED_SWAP', 'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec',
+           'check_trial', 'calibration_configs', 'calibrate_trial_length', 'trial_length_check', 'rank_agreement',
+           'default_storage', 'shown', 'sqlite_file', 'open_storage', 'creation_lock', 'validation_trainer',
+           'run_trial', 'constraint_value', 'record_constraint', 'optuna_study', 'trial_folder', 'trial_origin',
+           'fail_stale', 'claim', 'beating', 'own_failure', 'run_one', 'finished_run', 'recover_finished', 'tune',
+           'tuning_plan', 'plan_lines', 'needs_confirmation', 'trials_frame', 'write_trials', 'best_values',
+           'tuned_study', 'pretrained_tuned_study', 'shared_swap_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -168,6 +169,16 @@ class Tuning:
         cfg = self.config(arm, values); check_trial(self, arm, cfg)
         return replace(cfg, out=str(out))
 
+    def recorded(self, arm: str) -> dict: # an arm
+        "What a storage records of the arm's tuning and refuses to mix: trial length, budget, seed and search space."
+        return dict(epochs=self.epochs, trials=self.trials, seed=self.seed, space=[str(k) for k in self.spaces[arm]])
+
+    def ran(self, arm: str, values: dict, stored: dict) -> bool: # an arm, its knobs' values, a run's stored configuration
+        "Whether `stored` (a trial's `metrics.json` configuration) is this trial's: its fields, its length and its seed."
+        from dml_book.train import TrainConfig
+        mine = asdict(self.config(arm, values)); stored = {**asdict(TrainConfig()), **stored}
+        return stored.get("seed") == mine["seed"] and set(arm_differences(stored, mine)) <= {"data_root"}   # `_relative_paths` drops a path
+
 def tuning_spec(name: str, # a study with a search space: hdml, dcml, dmml, ala, pads
                 trials: int = TRIALS, epochs: int = TRIAL_EPOCHS) -> Tuning:
     "The tuning of study `name`: its baseline and main arm, each with its knobs of `SEARCH_SPACES`."
@@ -229,41 +240,98 @@ HEARTBEAT = 60   # seconds between a running trial's heartbeats; a trial silent 
 def default_storage(results, # the results store
                     name: str, # the study
                    ) -> str:
-    "Where a study's tuning is recorded unless told otherwise: an SQLite file in its folder."
-    return f"sqlite:///{(Path(results)/name/'tuning'/'optuna.db').resolve()}"
+    "Where a study's tuning is recorded unless told otherwise: an SQLite file in its folder (its path absolute, no link resolved)."
+    return f"sqlite:///{os.path.abspath(Path(results)/name/'tuning'/'optuna.db')}"
 
-def open_storage(url: str, # an SQLAlchemy URL: sqlite:///path, postgresql://user@host/db, mysql://...
+def shown(url: str) -> str:
+    "`url` as a message shows it: its password hidden."
+    try:
+        from sqlalchemy.engine import make_url
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception: return re.sub(r"(://[^/@]*?:)[^@/]*@", r"\1***@", url)   # not a URL: hide what would be one's password
+
+def _hidden(url: str, text: str) -> str:
+    "`text` with `url` and its password replaced by `shown(url)` and ***."
+    text = text.replace(url, shown(url))
+    try:
+        from sqlalchemy.engine import make_url
+        pw = make_url(url).password
+    except Exception: pw = (re.search(r"://[^/@]*?:([^@/]*)@", url) or [None, None])[1]
+    return text.replace(pw, "***") if pw else text
+
+def sqlite_file(url: str) -> Path | None:
+    "The file of an SQLite URL (None for a server's); a storage that keeps nothing (in memory) refused in one line."
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+    try: u = make_url(url)
+    except (ArgumentError, ValueError): raise StudyError(f"storage {shown(url)} is not an SQLAlchemy URL (e.g. sqlite:///path/optuna.db, postgresql+psycopg://user@host/db)") from None
+    if u.get_backend_name() != "sqlite": return None
+    db = u.database or ""
+    if db in ("", ":memory:") or db.startswith("file::memory:") or u.query.get("mode") == "memory":
+        raise StudyError(f"storage {shown(url)} keeps nothing once the process ends: name a file (sqlite:///path/optuna.db) or a database server")
+    return Path(db)
+
+def open_storage(url: str, # an SQLAlchemy URL: sqlite:///path, postgresql+psycopg://user@host/db, mysql+pymysql://...
                  heartbeat: int = HEARTBEAT, # seconds between heartbeats
                 ):
     "Optuna's RDB storage at `url`, with heartbeats: a trial whose process died is failed and run again from its checkpoint."
     import warnings, optuna
     from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)   # heartbeats: stable in use since 2.9
-    kw = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}   # two processes wait for each other's writes
     from sqlalchemy.exc import SQLAlchemyError
+    from dml_book.files import FileError
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)   # heartbeats: stable in use since 2.9
+    db = sqlite_file(url)
+    if db is not None and db.is_symlink(): raise FileError(f"storage {db} is a symbolic link, and dml_book opens no database through a link; name the file itself")
+    kw = {"connect_args": {"timeout": 120}} if db is not None else {}   # two processes wait for each other's writes
     try:
         with creation_lock(url):   # two processes creating the tables at once would collide
             return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
                               heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3))
     except (SQLAlchemyError, ImportError) as e:   # a malformed URL, a missing driver, a server that does not answer
-        raise StudyError(f"storage {url!r} cannot be opened: {str(e).splitlines()[0]}") from None
+        hint = "; install the driver: pip install 'dml_book[cluster]' (psycopg 3: postgresql+psycopg://...)" if isinstance(e, ImportError) else ""
+        raise StudyError(f"storage {shown(url)} cannot be opened: {_hidden(url, str(e).splitlines()[0] if str(e) else type(e).__name__)}{hint}") from None
+
+
+# %% ../nbs/11e_tune.ipynb #a1b2c302
+_LOCK_KEY = 0x646d6c62   # "dmlb": the advisory lock every dml_book tuning takes on a server
+
+@functools.cache
+def _lock_engine(url: str):
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+    return create_engine(url, poolclass=NullPool)   # a connection per lock: closing it (or dying) releases the lock
 
 @contextmanager
 def creation_lock(url: str):
-    "Hold an OS lock beside an SQLite file while tables, studies or first trials are created (a server database: none)."
-    if not url.startswith("sqlite:///"): yield; return
-    db = Path(url.removeprefix("sqlite:///")); db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    "One process at a time: an OS lock on an SQLite file's folder, or a lock in the server's database itself."
+    from dml_book.files import FileError
+    db = sqlite_file(url)
+    if db is not None:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        try: fd = os.open(db.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e: raise FileError(f"cannot lock the storage's folder {db.parent}: {e.strerror} (a link is refused); name another storage") from None
+        try: fcntl.flock(fd, fcntl.LOCK_EX); yield
+        finally: os.close(fd)   # closing releases the lock
+        return
+    from sqlalchemy import text
+    with _lock_engine(url).connect() as c:
+        lock, unlock = {"postgresql": ("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)"),
+                        "mysql": ("SELECT GET_LOCK('dml_book_tuning', -1)", "SELECT RELEASE_LOCK('dml_book_tuning')")}.get(
+                            c.dialect.name, (None, None))
+        if lock: c.execute(text(lock), {"k": _LOCK_KEY})
         try: yield
-        finally: fcntl.flock(f, fcntl.LOCK_UN)
+        finally:
+            if unlock: c.execute(text(unlock), {"k": _LOCK_KEY})
 
 # %% ../nbs/11e_tune.ipynb #d0175aee
-from .train import Trainer
-
-class ValidationTrainer(Trainer):
-    "A trainer that never builds or evaluates the test split: a tuning trial sees validation classes only."
-    test_split = False
+@functools.cache
+def validation_trainer() -> type:
+    "The trainer of a trial, which never builds or evaluates the test split (made on first use: it imports torch)."
+    from dml_book.train import Trainer
+    class ValidationTrainer(Trainer):
+        "A trainer that never builds or evaluates the test split: a tuning trial sees validation classes only."
+        test_split = False
+    return ValidationTrainer
 
 _KEEP = ("metrics.json", "run.json")   # a finished trial keeps these; its checkpoint, log and data record go
 
@@ -271,17 +339,21 @@ def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
               threads: int = 1, # torch threads
               results=None, # the results store: the stored configuration names paths relative to it (None: as given)
              ) -> dict:
-    "Train (or resume) one trial on validation classes only; its final validation metrics. Keeps only `_KEEP`."
+    "Train (or resume) one trial on validation classes only, in a folder of its own (`make_folder`); its final validation metrics. Keeps only `_KEEP`."
     import torch
+    from dml_book.files import FileError, make_folder, is_own, clean_folder, write_json
+    out = Path(cfg.out); fix = "remove it, or tune into another results store"
+    make_folder(out, out.parent if results is None else results, fix)
+    if not is_own(out): raise FileError(f"trial folder {out} holds files dml_book did not make; {fix}")
     torch.set_num_threads(threads)
     cpu = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
-    c0, out = cpu(), Path(cfg.out)
-    trainer = ValidationTrainer(cfg); final = trainer.fit()
+    c0, t0 = cpu(), time.time()
+    trainer = validation_trainer()(cfg); final = trainer.fit()
     gpu = torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None
-    (out/"run.json").write_text(json.dumps(dict(cpu_seconds=round(cpu() - c0, 1), threads=threads, device=str(trainer.device), gpu=gpu)))
-    for f in out.iterdir():
-        if f.name not in _KEEP: f.unlink()
+    clean_folder(out, _KEEP, fix)
     if results is not None: _relative_paths(out, Path(results), cfg.weights_path)
+    write_json(out/"run.json", dict(cpu_seconds=round(cpu() - c0, 1), wall_seconds=round(time.time() - t0, 1), threads=threads,
+                                    device=str(trainer.device), gpu=gpu))   # last: a finished trial's sign (`recover_finished`)
     return final
 
 # %% ../nbs/11e_tune.ipynb #d7d683c7
@@ -310,6 +382,12 @@ def optuna_study(tuning: Tuning, arm: str, storage):
     with creation_lock(storage.url):
         s = optuna.create_study(study_name=f"{tuning.study.name}/{arm}", storage=storage, direction="maximize", load_if_exists=True)
         if not s.get_trials(deepcopy=False): s.enqueue_trial(tuning.first(arm), user_attrs={"first": True})
+        mine, theirs = json.loads(json.dumps(tuning.recorded(arm))), s.user_attrs.get("tuning")
+        if theirs is None: s.set_user_attr("tuning", mine)   # a new study (or one stored before studies recorded it)
+    if theirs is not None and theirs != mine:
+        k = next(k for k in mine if mine[k] != theirs.get(k))
+        raise StudyError(f"storage {shown(storage.url)} holds {s.study_name} tuned with {k} {theirs.get(k)}, not {mine[k]}: "
+                         f"tune with the same {dict(epochs='--epochs', trials='--trials', space='search space').get(k, k)}, or into another --storage")
     return s
 
 def trial_folder(root, arm: str, trial) -> Path:
@@ -331,7 +409,8 @@ def _objective(tuning: Tuning, arm: str, root: Path, threads: int):
             trial.set_user_attr("diverged", str(e))
             if constrained: record_constraint(trial, None)
             return 0.0
-        trial.set_user_attr("cpu_seconds", json.loads((Path(cfg.out)/"run.json").read_text())["cpu_seconds"])
+        run = json.loads((Path(cfg.out)/"run.json").read_text())   # just written by `run_trial`
+        trial.set_user_attr("cpu_seconds", run["cpu_seconds"]); trial.set_user_attr("wall_seconds", run["wall_seconds"])
         if constrained: record_constraint(trial, Path(cfg.out))
         return final["val_R@1"]
     return objective
@@ -385,25 +464,61 @@ def beating(storage, trial_id: int, every: int):
     try: yield
     finally: stop.set(); thread.join()
 
+def own_failure(e: BaseException) -> bool:
+    "Whether `e` is the trial's own failure (its settings cannot train), not its interruption: Ctrl-C, a signal, a full disk, the storage, memory."
+    from sqlalchemy.exc import SQLAlchemyError
+    from dml_book.files import FileError
+    return isinstance(e, Exception) and not isinstance(e, (OSError, MemoryError, SQLAlchemyError, FileError))
+
+def _retry(study, t):
+    "Enqueue the failed trial `t` again, with its settings and marks, as the retry of its origin (as a dead process's trial is)."
+    import optuna
+    attrs = {**t.system_attrs, "failed_trial": trial_origin(t)}
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.WAITING, params=t.params, distributions=t.distributions,
+                                              user_attrs=t.user_attrs, system_attrs=attrs))
+
 def run_one(study, objective, url: str, heartbeat: int):
-    "Claim a trial (`claim`), run `objective` on it with heartbeats, and tell its end; the finished trial. An error fails the trial and is raised."
+    """Claim a trial (`claim`), run `objective` on it with heartbeats, and tell its end; the finished trial. An error
+    fails the trial and is raised; an interruption (not `own_failure`) also enqueues its retry, with its settings and
+    into its folder, as a dead process's trial is retried."""
     import optuna
     from optuna.trial import TrialState
     trial = claim(study, url)
     with beating(study._storage, trial._trial_id, heartbeat):
         try: value, state = objective(trial), TrialState.COMPLETE
         except optuna.TrialPruned: value, state = None, TrialState.PRUNED
-        except BaseException: study.tell(trial, state=TrialState.FAIL); raise
+        except BaseException as e:
+            study.tell(trial, state=TrialState.FAIL)
+            if not own_failure(e): _retry(study, study._storage.get_trial(trial._trial_id))
+            raise
     return study.tell(trial, value, state=state)
+
+def finished_run(folder: Path, # a trial's folder
+                 tuning: Tuning, arm: str, values: dict, # the trial: its tuning, arm and knobs' values
+                ) -> dict | None:
+    """What a trial's folder says of its finished run, read through `dml_book.reads` (regular files, bounded, no link)
+    and checked against the trial: validation R@1 and seconds, or None when the files are missing, unreadable, not a
+    run's, another configuration's, of another length, or inconsistent (the final score not its last epoch's)."""
+    from dml_book.reads import read_text
+    from dml_book.files import FileError
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    try:
+        run = json.loads(read_text(folder/"run.json", "a trial record", 1 << 16, what="trial record"))
+        m = json.loads(read_text(folder/"metrics.json", "a trial record", 64 << 20, what="trial metrics"))
+        last, value = m["epochs"][-1], m["final"]["val_R@1"]
+        ok = (num(value) and 0 <= value <= 1 and last.get("epoch") == tuning.epochs and last.get("val_R@1") == value
+              and num(run["cpu_seconds"]) and isinstance(m["config"], dict) and tuning.ran(arm, values, m["config"]))
+    except (FileError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError): return None
+    return dict(value=float(value), cpu_seconds=run["cpu_seconds"], wall_seconds=run.get("wall_seconds")) if ok else None
 
 def recover_finished(study, # one arm's Optuna study
                      folder: Path, # the arm's trial folders (`results/<study>/tuning/<arm>`)
-                     epochs: int, # a trial's epochs
+                     tuning: Tuning, arm: str, # the tuning and the arm the study is of
                     ) -> list[int]:
-    """Tell again, as complete, each failed trial whose run had finished: its folder holds the `metrics.json` of all
-    `epochs` epochs and the `run.json` that `run_trial` writes last. Before `claim` took the lock, a second process
-    could claim a running trial and fail it, losing the first one's result. The recovered trial retries the failed
-    one (its origin), so it counts as that setting, in the order it was drawn. The numbers of the trials recovered."""
+    """Tell again, as complete, each failed trial whose run had finished (`finished_run`: its folder holds the checked
+    `metrics.json` of the trial's settings and the `run.json` that `run_trial` writes last). Before `claim` took the lock,
+    a second process could claim a running trial and fail it, losing the first one's result. The recovered trial retries
+    the failed one (its origin), so it counts as that setting, in the order it was drawn. The numbers of the trials recovered."""
     import optuna
     from optuna.trial import TrialState
     trials = study.get_trials(deepcopy=False)
@@ -411,13 +526,18 @@ def recover_finished(study, # one arm's Optuna study
     recovered = []
     for t in trials:
         f = Path(folder)/f"trial{trial_origin(t)}"
-        if t.state != TrialState.FAIL or trial_origin(t) in complete or not (f/"run.json").is_file(): continue
-        metrics = json.loads((f/"metrics.json").read_text())
-        if (metrics.get("epochs") or [{}])[-1].get("epoch") != epochs: continue
-        study.add_trial(optuna.trial.create_trial(
-            params=t.params, distributions=t.distributions, value=metrics["final"]["val_R@1"],
-            user_attrs={**t.user_attrs, "cpu_seconds": json.loads((f/"run.json").read_text())["cpu_seconds"], "recovered": True},
-            system_attrs={"failed_trial": trial_origin(t)}))
+        if t.state != TrialState.FAIL or trial_origin(t) in complete or os.path.islink(f) or not os.path.isdir(f): continue
+        if not set(t.params) == {k.field for k in tuning.spaces[arm]}: continue   # interrupted while drawing: nothing ran
+        run = finished_run(f, tuning, arm, t.params)
+        if run is None: continue
+        attrs = {**t.user_attrs, "cpu_seconds": run["cpu_seconds"], "wall_seconds": run["wall_seconds"], "recovered": True}
+        system = {"failed_trial": trial_origin(t)}
+        if arm in tuning.constrained:   # its criterion, from the run's own metrics.json, as `record_constraint` records it
+            from dml_book.study import mechanism_of
+            m = mechanism_of(f); c = constraint_value(m); attrs.update(criterion_value=None if m is None else m.get("value"), constraint=c)
+            system["constraints:mechanism"] = c
+        study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, value=run["value"],
+                                                  user_attrs=attrs, system_attrs=system))
         complete.add(trial_origin(t)); recovered.append(trial_origin(t))
     return recovered
 
@@ -437,7 +557,10 @@ def _work(tuning: Tuning, arms: tuple, url: str, root: str, threads: int, heartb
         t = run_one(studies[arm], _objective(tuning, arm, Path(root), threads), url, heartbeat)
         ran += 1
         write_trials(studies[arm], Path(root)/arm/"trials.csv", tuning.trials)
-        log(f"{tuning.study.name}/{arm}: trial {t.number} {t.state.name}, validation R@1 {t.value}")
+        done = _counts(studies[arm])[0]; secs = t.user_attrs.get("wall_seconds")
+        log(f"{tuning.study.name}/{arm}: trial {t.number} {t.state.name.lower()}"
+            + (f", validation R@1 {100 * t.value:.2f}" if t.value is not None else "")
+            + (f" in {secs / 60:.1f} min" if secs is not None else "") + f"; {min(done, tuning.trials)} of {tuning.trials} complete")
 
 def tune(tuning: Tuning, # what to tune (`tuning_spec`)
          results="results", # the results store: trials go to `results/<study>/tuning/<arm>/`
@@ -449,18 +572,87 @@ def tune(tuning: Tuning, # what to tune (`tuning_spec`)
     "Run the arms' trials until each has `tuning.trials` complete (resuming what is stored); one row per trial."
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
+    from dml_book.files import make_folder
     arms = tuple(arms or tuning.spaces); tuning.check(arms)
     root = Path(results)/tuning.study.name/"tuning"; url = storage or default_storage(results, tuning.study.name)
+    for a in arms: make_folder(root/a, results, "to keep the trials on another disk, name a results store there: --results /path/on/it")
     threads = _threads(jobs)
     store = open_storage(url, heartbeat); studies = {a: optuna_study(tuning, a, store) for a in arms}
     with creation_lock(url):   # results a race lost (see `claim`), from the trials' own folders; one process at a time
-        for a, s in studies.items(): recover_finished(s, root/a, tuning.epochs)
+        for a, s in studies.items(): recover_finished(s, root/a, tuning, a)
     if jobs == 1: _work(tuning, arms, url, str(root), threads, heartbeat, log)
     else:
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
             for f in [pool.submit(_work, tuning, arms, url, str(root), threads, heartbeat) for _ in range(jobs)]: f.result()
     for a, s in studies.items(): write_trials(s, root/a/"trials.csv", tuning.trials)   # every process's trials: the storage is read afresh
     return pd.concat({a: pd.read_csv(root/a/"trials.csv") for a in arms}, names=["arm"]).reset_index(level=0)
+
+# %% ../nbs/11e_tune.ipynb #b2c3d402
+CONFIRM_SECONDS = 3600   # `dml-book tune` asks before starting more work than this (or work it cannot time)
+
+def _seconds_per_epoch(store, name: str, arm: str) -> tuple[float | None, str]:
+    "Wall seconds per epoch of the arm's complete trials in `store` (else of the book's stored seed-0 run), and where from."
+    import optuna
+    from optuna.trial import TrialState
+    if store is not None:
+        try: s = optuna.load_study(study_name=f"{name}/{arm}", storage=store)
+        except KeyError: s = None
+        if s is not None:
+            epochs = (s.user_attrs.get("tuning") or {}).get("epochs", TRIAL_EPOCHS)
+            secs = [t.user_attrs.get("wall_seconds") or t.user_attrs.get("cpu_seconds") for t in s.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
+            secs = [x for x in secs if isinstance(x, (int, float)) and x > 0]
+            if secs: return sum(secs) / len(secs) / epochs, "this storage's trials"
+    try:
+        from dml_book.results import results_dir
+        run = results_dir()/name/arm/"seed0"
+        info, cfg = json.loads((run/"run.json").read_text()), json.loads((run/"metrics.json").read_text())["config"]
+        gpu = str(info.get("device", "cpu")).startswith("cuda")
+        if gpu and not os.path.exists("/dev/nvidia0"): return None, ""   # a GPU's time says nothing of this machine's CPU
+        return (info.get("wall_seconds") or info["cpu_seconds"]) / cfg["epochs"], f"the book's stored runs ({'a GPU' if gpu else 'a CPU'})"
+    except Exception: return None, ""   # no stored run (a plain install without it), or one unreadable: no estimate
+
+def tuning_plan(name: str, # a study with a search space
+                trials: int = TRIALS, epochs: int = TRIAL_EPOCHS, # per arm, and a trial's length
+                results="results", storage: str | None = None, # as `tune`
+                arms: tuple | None = None, jobs: int = 1) -> dict:
+    "What `tune` is about to do, read without training or torch: per arm the trials left and their time; the estimate in seconds (None: no time to go by)."
+    import optuna
+    from dml_book.registry import check_choice
+    check_choice("study to tune", name, sorted(SEARCH_SPACES))
+    arms = tuple(arms or SEARCH_SPACES[name])
+    for a in arms: check_choice("arm", a, sorted(SEARCH_SPACES[name]))
+    url = storage or default_storage(results, name); db = sqlite_file(url)
+    store = None if db is not None and not db.is_file() else open_storage(url)   # no file yet: `tune` makes it, not the plan
+    left, per, source = {}, {}, set()
+    for a in arms:
+        done = 0
+        if store is not None:
+            try: done = _counts(optuna.load_study(study_name=f"{name}/{a}", storage=store))[0]
+            except KeyError: pass
+        left[a] = max(0, trials - done)
+        s, where = _seconds_per_epoch(store, name, a)
+        if s is not None: per[a] = s * epochs; source.add(where)
+    work = sum(left[a] * per[a] for a in arms) / jobs if len(per) == len(arms) else None
+    return dict(study=name, arms=arms, trials=trials, epochs=epochs, jobs=jobs, left=left, per_trial=per, seconds=work,
+                source=" and ".join(sorted(source)), storage=shown(url), folder=str(Path(results)/name/"tuning"))
+
+def _duration(s: float) -> str: return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min" if s >= 60 else f"{s:.0f} s"
+
+def plan_lines(plan: dict) -> list[str]:
+    "The plan as `dml-book tune` prints it, a line each: what, what is left, how long, where."
+    p, n = plan, sum(plan["left"].values())
+    lines = [f"Tuning {p['study']}: arms {', '.join(p['arms'])}; {p['trials']} trials of {p['epochs']} epochs per arm, on validation classes only.",
+             "Trials left: " + ", ".join(f"{a} {p['left'][a]} of {p['trials']}" for a in p["arms"]) + ("; nothing to run." if n == 0 else ".")]
+    if n and p["seconds"] is not None:
+        each = ", ".join(f"{a} {_duration(p['per_trial'][a])}" for a in p["arms"])
+        lines.append(f"Estimate: about {_duration(p['seconds'])} with {p['jobs']} process{'es' * (p['jobs'] > 1)} (a trial: {each}; from {p['source']}; another machine takes another time).")
+    elif n: lines.append("Estimate: none (no stored trial or run of this study to time).")
+    lines.append(f"Storage: {p['storage']}; trial folders under {p['folder']}/.")
+    return lines
+
+def needs_confirmation(plan: dict) -> bool:
+    "Whether the plan is more than `CONFIRM_SECONDS` of work, or work that cannot be timed."
+    return sum(plan["left"].values()) > 0 and (plan["seconds"] is None or plan["seconds"] > CONFIRM_SECONDS)
 
 # %% ../nbs/11e_tune.ipynb #d812e0f1
 def trials_frame(study, budget: int | None = None, # the arm's budget: its first `budget` settings count (None: all)
@@ -485,8 +677,8 @@ def trials_frame(study, budget: int | None = None, # the arm's budget: its first
 
 def write_trials(study, path: Path, budget: int | None = None):
     "Write `trials_frame(study, budget)` to `path` (whole file, renamed into place)."
-    from dml_book.files import write_text
-    path.parent.mkdir(parents=True, exist_ok=True); write_text(path, trials_frame(study, budget).to_csv(index=False))
+    from dml_book.files import write_text, make_folder
+    make_folder(path.parent); write_text(path, trials_frame(study, budget).to_csv(index=False))
 
 # %% ../nbs/11e_tune.ipynb #3fadd76d
 def best_values(tuning: Tuning, arm: str, storage) -> dict:

@@ -30,7 +30,7 @@ def test_trial_never_builds_or_scores_the_test_split(tmp_path, monkeypatch, one_
     assert set(final) == set(m["final"]) and all(k.startswith("val_") for k in m["final"]) and "val_R@1" in m["final"]
     scored = {k for r in m["epochs"] for k in r if "@" in k or k in ("NMI", "F1", "MAP@R")}
     assert scored and all(k.startswith("val_") for k in scored), scored   # no test metric in any epoch
-    assert m["run"]["test"] is None and sorted(p.name for p in (tmp_path/"trial").iterdir()) == ["metrics.json", "run.json"]
+    assert m["run"]["test"] is None and sorted(p.name for p in (tmp_path/"trial").iterdir()) == [".dml_book", "metrics.json", "run.json"]
 
 @pytest.mark.parametrize("name", sorted(T.SEARCH_SPACES))
 def test_first_trial_is_the_study_setting(name):
@@ -206,11 +206,15 @@ def test_one_process_claims_a_waiting_trial(tmp_path):
     assert sum(c["waiting"] for c in claims) == 1, claims
     assert len({c["number"] for c in claims}) == 4, claims
 
-def _finished(folder: Path, epochs: int, value: float):
-    "A trial folder as `run_trial` leaves it when the run ended (run.json is written last)."
+def _finished(folder: Path, tuning, arm: str, values: dict, value: float, epochs: int | None = None):
+    "A trial folder as `run_trial` leaves it when the run of `values` ended (run.json is written last)."
+    from dataclasses import asdict
+    epochs = tuning.epochs if epochs is None else epochs
     folder.mkdir(parents=True)
-    (folder/"metrics.json").write_text(json.dumps({"epochs": [{"epoch": e} for e in range(epochs + 1)], "final": {"val_R@1": value}}))
-    (folder/"run.json").write_text(json.dumps({"cpu_seconds": 12.5}))
+    config = asdict(replace(tuning.config(arm, values), epochs=epochs))
+    (folder/"metrics.json").write_text(json.dumps({"config": config, "epochs": [{"epoch": e, "val_R@1": value} for e in range(epochs + 1)],
+                                                   "final": {"val_R@1": value}}))
+    (folder/"run.json").write_text(json.dumps({"cpu_seconds": 12.5, "wall_seconds": 13.0}))
 
 def test_a_finished_run_failed_by_a_race_is_recovered_and_the_budget_keeps_its_first_settings(tmp_path):
     "A failed trial whose run finished is told again from its folder, as the setting drawn first; a setting drawn past the budget does not count."
@@ -220,10 +224,10 @@ def test_a_finished_run_failed_by_a_race_is_recovered_and_the_budget_keeps_its_f
     knob = tuning.spaces["baseline"][0]
     for n, (value, state) in enumerate([(None, "FAIL"), (0.3, "COMPLETE"), (None, "FAIL"), (0.4, "COMPLETE"), (0.2, "COMPLETE"), (0.9, "COMPLETE")]):
         t = study.ask(); knob.suggest(t); study.tell(t, value, state=optuna.trial.TrialState[state])
-    _finished(root/"trial0", tuning.epochs, 0.6)   # trial 0 finished: a second process failed it
-    _finished(root/"trial2", tuning.epochs - 1, 0.8); (root/"trial2"/"run.json").unlink()   # trial 2 was killed: not finished
-    assert T.recover_finished(study, root, tuning.epochs) == [0]
-    assert T.recover_finished(study, root, tuning.epochs) == []   # once
+    _finished(root/"trial0", tuning, "baseline", study.trials[0].params, 0.6)   # trial 0 finished: a second process failed it
+    _finished(root/"trial2", tuning, "baseline", study.trials[2].params, 0.8, tuning.epochs - 1); (root/"trial2"/"run.json").unlink()   # trial 2 was killed: not finished
+    assert T.recover_finished(study, root, tuning, "baseline") == [0]
+    assert T.recover_finished(study, root, tuning, "baseline") == []   # once
     frame = T.trials_frame(study, budget=tuning.trials)
     recovered = frame[frame.retry_of == 0]
     assert recovered.state.tolist() == ["COMPLETE"] and recovered.val_R1.tolist() == [0.6] and recovered["first"].all()
