@@ -531,13 +531,13 @@ def recover_finished(study, # one arm's Optuna study
         run = finished_run(f, tuning, arm, t.params)
         if run is None: continue
         attrs = {**t.user_attrs, "cpu_seconds": run["cpu_seconds"], "wall_seconds": run["wall_seconds"], "recovered": True}
-        system = {"failed_trial": trial_origin(t)}
+        constraints = None
         if arm in tuning.constrained:   # its criterion, from the run's own metrics.json, as `record_constraint` records it
             from dml_book.study import mechanism_of
             m = mechanism_of(f); c = constraint_value(m); attrs.update(criterion_value=None if m is None else m.get("value"), constraint=c)
-            system["constraints:mechanism"] = c
-        study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, value=run["value"],
-                                                  user_attrs=attrs, system_attrs=system))
+            constraints = {"mechanism": c}
+        study.add_trial(optuna.trial.create_trial(params=t.params, distributions=t.distributions, value=run["value"], user_attrs=attrs,
+                                                  system_attrs={"failed_trial": trial_origin(t)}, constraints=constraints))
         complete.add(trial_origin(t)); recovered.append(trial_origin(t))
     return recovered
 
