@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/pretrain.html.md"""
 
 # %% ../nbs/13_pretrain.ipynb #d13f2534
 from __future__ import annotations
-import hashlib, json, math, os, time
+import hashlib, io, json, math, os, time
 from dataclasses import dataclass, asdict
 from pathlib import Path
 import numpy as np, matplotlib, torch, torch.nn as nn, torch.nn.functional as F
@@ -14,6 +14,7 @@ from .data.builtin import cache_dir
 from .data.glyph_pretrain import GlyphPretrain, XL_CLASSES, check_disjoint, backbone_record   # the record's reader lives with the data it guards
 from .models import SmallCNN, build_model
 from .registry import check_choice
+from .files import write_together
 
 # %% auto #0
 __all__ = ['PretrainConfig', 'accuracy', 'pretrain', 'backbone_path', 'pretrained_backbone', 'pretrain_record', 'zero_shot',
@@ -110,9 +111,9 @@ def pretrained_backbone(cfg: PretrainConfig = PretrainConfig(), # the pretrainin
     path = backbone_path(cfg, root)
     if path.exists() and path.with_suffix(".json").exists(): return path
     backbone, record = pretrain(cfg, root, progress)
-    path.parent.mkdir(parents=True, exist_ok=True); tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    path.with_suffix(".json").write_text(json.dumps(record, indent=1))
-    torch.save(backbone.state_dict(), tmp); os.replace(tmp, path)
+    path.parent.mkdir(parents=True, exist_ok=True); buf = io.BytesIO(); torch.save(backbone.state_dict(), buf)
+    write_together({path.with_suffix(".json"): json.dumps(record, indent=1).encode(), path: buf.getvalue()}, path,   # the weights last
+                   f"choose another cache folder than {path.parent}")
     return path
 
 def pretrain_record(path: str | Path, # a file `pretrained_backbone` wrote

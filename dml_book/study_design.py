@@ -183,7 +183,8 @@ def _relative_paths(folder: Path, results: Path, weights_path: str | None = None
     m["config"]["out"] = str(folder.resolve().relative_to(results.resolve()))
     if "weights_path" in m["config"]: m["config"]["weights_path"] = weights_path
     if m["config"].get("data_root") and os.path.isabs(m["config"]["data_root"]): m["config"]["data_root"] = None
-    f.write_text(json.dumps(m, indent=1))
+    from dml_book.files import write_text
+    write_text(f, json.dumps(m, indent=1))   # whole or as it was: a full disk never truncates a run's metrics
 
 def _located(cfg, results):
     "`cfg` with a relative `weights_path` (a file of the clone, as `PRETRAINED_BACKBONE`) found beside the results folder."
@@ -293,7 +294,8 @@ def run_study(study: Study, # the study to run (or to finish)
     "Check the arms, train what is missing (power rule unless `seeds`), check the runs, record the study; its frame."
     check_arms(study)
     root = Path(results)/study.name; root.mkdir(parents=True, exist_ok=True)
-    (root/"study.json").write_text(json.dumps(describe(study), indent=1, default=str))
+    from dml_book.files import write_text
+    write_text(root/"study.json", json.dumps(describe(study), indent=1, default=str))
     while True:
         plan = plan_seeds(study, root) if seeds is None else seeds   # {}: train nothing, re-check and re-record
         trained = run_arms(study, plan, results, jobs, log)
@@ -305,7 +307,8 @@ def run_study(study: Study, # the study to run (or to finish)
 def _record_time(root: Path):
     from dml_book.results import find_runs
     runs = [json.loads((f/"run.json").read_text()) for f in find_runs(root) if (f/"run.json").is_file()]   # not a nested study's
-    (root/"study_time.json").write_text(json.dumps(dict(cpu_seconds=round(sum(r["cpu_seconds"] for r in runs), 1), runs=len(runs),
+    from dml_book.files import write_text
+    write_text(root/"study_time.json", json.dumps(dict(cpu_seconds=round(sum(r["cpu_seconds"] for r in runs), 1), runs=len(runs),
                                                        devices=sorted({r["device"] for r in runs}))))
 
 # %% ../nbs/11b_study_design.ipynb #dd0a2b5c
