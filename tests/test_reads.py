@@ -229,11 +229,11 @@ def test_a_preprocessing_of_another_colour_mode_is_one_line(run, tmp_path):
 # --- settings checked before work ---------------------------------------------------------------------------------------
 
 def usage_error(argv, capsys) -> str:
-    "The last line argparse writes for a bad value (usage lines first), after checking the exit code 2."
+    "The one line argparse writes for a bad value (`UsageParser`), after checking the exit code 2."
     with pytest.raises(SystemExit) as e: main(list(map(str, argv)))
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "Traceback" not in err, err
-    return err.splitlines()[-1]
+    assert e.value.code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    return err
 
 
 @pytest.mark.parametrize("flags, fragment", [
