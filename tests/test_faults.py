@@ -1,7 +1,7 @@
 "Faults a careful user or a hostile file meets: crafted, damaged and half-written checkpoints, bad settings, NaN, a shared output folder."
 import errno, hashlib, io, json, os, subprocess, sys
 from pathlib import Path
-import pytest, torch
+import numpy as np, pytest, torch
 from dml_book.checkpoint import MAGIC, CheckpointError, read_checkpoint, write_checkpoint
 import dml_book.losses, dml_book.miners  # noqa: F401  (fill the registries)
 from dml_book.registry import LOSSES, MINERS
@@ -230,3 +230,80 @@ def test_a_missing_dataset_is_one_line_naming_where_it_looked_and_how_to_fetch(t
 def test_one_line_joins_a_layout_after_its_colon():
     from dml_book.cli import one_line
     assert one_line("missing x; the layout is:\n  a/{b, c}\npass download=True") == "missing x; the layout is: a/{b, c}; pass download=True"
+
+
+# --- the library checks its inputs as the CLI does (issue 62) -----------------------------------------------------------
+
+def _float_params(cls) -> list[str]:
+    "The constructor arguments of `cls` annotated as numbers (a margin, a scale, a cutoff)."
+    import inspect
+    return [n for n, p in inspect.signature(cls).parameters.items() if "float" in str(p.annotation)]
+
+
+@pytest.mark.parametrize("kind, name", [("loss", n) for n in LOSSES.names()] + [("miner", n) for n in MINERS.names()])
+def test_a_nan_or_infinite_number_argument_is_refused_by_the_library(kind, name):
+    "Before: `TripletLoss(margin=nan)` was built and gave a NaN loss (the CLI refused it; the library did not)."
+    cls = (LOSSES if kind == "loss" else MINERS).get(name)
+    base = dict(num_classes=4, embedding_size=6) if getattr(cls, "uses_proxies", False) else {}
+    params = _float_params(cls)
+    if not params: pytest.skip(f"{kind} {name!r} takes no number")
+    for p in params:
+        for bad in (float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=f"{p}={bad} is not a finite number"): cls(**base, **{p: bad})
+
+
+def test_margins_from_the_library_match_the_cli():
+    "A finite margin still builds (the same loss as before), and the CLI's own check reads the same signature."
+    from dml_book.config import check_kwargs, ConfigError
+    assert LOSSES.get("triplet")(margin=0.3).margin == 0.3 and MINERS.get("semihard")(margin=0.1).margin == 0.1
+    with pytest.raises(ConfigError, match="expects a number"): check_kwargs("loss", "triplet", LOSSES.get("triplet"), {"margin": float("nan")})
+
+
+@pytest.mark.parametrize("weights, error, says", [
+    ([1., float("nan"), 1., 1.], "NonFiniteError", "weights hold NaN or infinite values"),
+    ([1., float("inf"), 1., 1.], "NonFiniteError", "weights hold NaN or infinite values"),
+    ([1., -0.5, 1., 1.], "ValueError", "weights must be non-negative (got -0.5)")])
+def test_bad_tuple_weights_are_refused(weights, error, says):
+    "Before: NaN weights gave a NaN loss, negative ones a negative loss, without a word."
+    from dml_book.losses.base import NonFiniteError
+    e, y = torch.nn.functional.normalize(torch.randn(4, 6), dim=1), torch.tensor([0, 0, 1, 1])
+    a, p, n = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 0, 3, 2]), torch.tensor([2, 3, 0, 1])
+    loss = LOSSES.get("triplet")(margin=0.2)
+    good = loss(e, y, (a, p, n), weights=torch.tensor([1., 1., 1., 0.]))
+    assert torch.isclose(good, loss(e, y, (a[:3], p[:3], n[:3])))   # weights still weigh: w=0 drops a triplet
+    with pytest.raises(NonFiniteError if error == "NonFiniteError" else ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        loss(e, y, (a, p, n), weights=torch.tensor(weights))
+
+
+def test_float_labels_are_refused_by_the_samplers():
+    "Before: labels [0, 0.5, 1.7, ...] were cast to int64, so 0.5 joined class 0 and 1.7 class 1 without a word."
+    from dml_book.samplers import ClassBalancedBatchSampler, class_index
+    with pytest.raises(TypeError, match="labels must be integers .* got dtype float64"):
+        ClassBalancedBatchSampler(np.array([0., 0.5, 1., 1.7] * 4), batch_size=4, m_per_class=2)
+    with pytest.raises(TypeError, match="got dtype float32"): class_index(torch.tensor([0., 1.]))
+    assert [g.tolist() for g in class_index(np.array([1, 0, 1], dtype=np.int32))] == [[1], [0, 2]]
+
+
+HUGE_KMEANS = """
+import numpy as np
+from dml_book.metrics import kmeans_assign, evaluate
+rng = np.random.default_rng(0)
+x = np.r_[rng.normal(0, 1, (30, 4)), rng.normal(9, 1, (30, 4))].astype(np.float32); y = np.repeat([0, 1], 30)
+c = kmeans_assign(x * np.float32(1e30), 2, gpus=None)
+assert (c == kmeans_assign(x, 2, gpus=None)).all()
+print(evaluate(x * np.float32(1e30), y, gpus=None) == evaluate(x, y, gpus=None))
+"""
+
+def test_huge_finite_embeddings_do_not_abort_faiss_kmeans():
+    "Before: entries of 1e30 made faiss's k-means abort the process (SIGABRT, beyond any try); now the same clusters and metrics."
+    r = subprocess.run([sys.executable, "-c", HUGE_KMEANS], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "True", (r.returncode, r.stderr[-500:])
+
+
+def test_an_index_refuses_embeddings_whose_squares_overflow():
+    "Before: an IVF index of such embeddings aborted the process in faiss's k-means; now a ValueError naming the bound."
+    from dml_book.index import Index, MAX_NORM
+    x = np.random.default_rng(0).normal(size=(80, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match="above 1e\\+18, their squared distances overflow"):
+        Index.build(x * np.float32(1e30), list(map(str, range(80))), kind="ivf", nlist=2)
+    assert len(Index.build(x * np.float32(MAX_NORM / 10), list(map(str, range(80))), kind="ivf", nlist=2)) == 80
