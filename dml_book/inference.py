@@ -290,8 +290,11 @@ def recorded_paths_only(cfg: TrainConfig, # the evaluation's configuration, part
 def run_progress(run_dir, # a training run's output folder
                 ) -> dict:
     "The epoch the run's last checkpoint holds, the epochs it was configured for, and whether training finished."
-    state = _read_checkpoint(checkpoint_file(run_dir, "last"))
-    epoch, epochs = int(state["epoch"]), int(state["config"]["epochs"])
+    from dml_book.checkpoint import check_state, CheckpointError
+    path = checkpoint_file(run_dir, "last"); state = check_state(path, _read_checkpoint(path), {}, dict(epoch=int, config=dict))
+    epoch, epochs = state["epoch"], state["config"].get("epochs")
+    if not (type(epochs) is int and 0 <= epoch <= epochs):   # the stored run's length, and its epoch within it
+        raise CheckpointError(f"checkpoint {path}: epoch {epoch} of epochs={quote(epochs)} is not a place in a run; train it again, or restore the run's own file")
     return dict(epoch=epoch, epochs=epochs, finished=epoch >= epochs)
 
 # %% ../nbs/12_inference.ipynb #e6736774

@@ -307,3 +307,77 @@ def test_an_index_refuses_embeddings_whose_squares_overflow():
     with pytest.raises(ValueError, match="above 1e\\+18, their squared distances overflow"):
         Index.build(x * np.float32(1e30), list(map(str, range(80))), kind="ivf", nlist=2)
     assert len(Index.build(x * np.float32(MAX_NORM / 10), list(map(str, range(80))), kind="ivf", nlist=2)) == 80
+
+
+# --- a checkpoint's content, checked as a whole (issue 62) ---------------------------------------------------------------
+
+def _main(*argv):
+    "`dml-book ARGV` in this process: exit code and stderr (a traceback fails the test)."
+    import contextlib
+    from dml_book.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()): code = main(list(map(str, argv)))
+    return code, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory):
+    "A finished two-epoch run on digits (its checkpoint.pt at epoch 2)."
+    out = tmp_path_factory.mktemp("ckpt")/"run"
+    assert _main("train", *FAST[:-5], "2", *FAST[-4:], "--out", out)[0] == 0
+    return out
+
+
+def _altered(run: Path, tmp_path: Path, change) -> Path:
+    "A copy of `run` whose checkpoint.pt is rewritten by `change(state)`, with a valid checksum (as a hand that recomputes it)."
+    import shutil
+    out = Path(shutil.copytree(run, tmp_path/"run")); state = read_checkpoint(out/"checkpoint.pt"); change(state)
+    write_checkpoint(state, out/"checkpoint.pt"); (out/"best.pt").unlink(missing_ok=True)
+    return out
+
+
+def _one_line(code_err, *fragments):
+    code, err = code_err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and all(f in err for f in fragments), err
+
+
+def test_nan_weights_are_refused_before_embedding(two_epochs, tmp_path):
+    "Before: a checkpoint of NaN weights (valid checksum) evaluated and embedded to NaN with exit 0."
+    def nan(s): s["model"][next(k for k, v in s["model"].items() if v.is_floating_point())].fill_(float("nan"))
+    run = _altered(two_epochs, tmp_path, nan)
+    _one_line(_main("evaluate", run, "--device", "cpu"), "holds NaN or infinite values")
+    _one_line(_main("train", *FAST[:-5], "3", *FAST[-4:], "--out", run), "holds NaN or infinite values")
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda s: s.update(history=[1, 2, 3]), "history[0]=1 is not a record of the log"),
+    (lambda s: s["history"][-1].update({"R@1": "high"}), "is not a record of the log"),
+    (lambda s: s.update(history=s["history"][:1]), "its history records epochs [0], not 0 to 2"),
+    (lambda s: s.update(epoch=7), "epoch 7 (step 4) lies outside its run of 2 epochs"),
+    (lambda s: s.update(step=-1), "lies outside its run"),
+    (lambda s: s["config"].update(epochs="2"), "config.epochs='2' is invalid: expected a positive integer"),
+    (lambda s: s["config"].update(embedding_dim=2.5), "config.embedding_dim=2.5 is invalid"),
+    (lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)), "optimizer.state[0].exp_avg has shape [3] where its parameter has"),
+    (lambda s: s["optimizer"]["state"][0]["exp_avg_sq"].fill_(float("inf")), "optimizer.state[0].exp_avg_sq holds NaN or infinite values"),
+    (lambda s: s["optimizer"].update(param_groups=[]), "optimizer does not hold 2 group(s) of [12, 2] parameters")])
+def test_a_checkpoint_with_a_valid_checksum_and_bad_content_is_one_line(two_epochs, tmp_path, change, says):
+    "Before: each of these resumed into a traceback (history, types, optimizer) or trained a mislabelled run."
+    run = _altered(two_epochs, tmp_path, change)
+    _one_line(_main("train", *FAST[:-5], "3", *FAST[-4:], "--out", run), says)
+    assert json.loads((run/"metrics.json").read_text())["config"]["epochs"] == 2   # nothing rewritten
+
+
+def test_progress_of_a_checkpoint_with_a_string_epoch_count_is_one_line(two_epochs, tmp_path):
+    run = _altered(two_epochs, tmp_path, lambda s: s["config"].update(epochs="2")); (run/"metrics.json").unlink()
+    _one_line(_main("evaluate", run, "--device", "cpu"), "epochs='2'")
+
+
+def test_a_rerun_with_other_epochs_continues_or_is_refused(two_epochs, tmp_path):
+    "Before: --epochs 1 on a finished 2-epoch run wrote metrics.json saying 1 epoch for weights trained 2."
+    import shutil
+    run = Path(shutil.copytree(two_epochs, tmp_path/"run"))
+    _one_line(_main("train", *FAST[:-5], "1", *FAST[-4:], "--out", run), "holds epoch 2 of 2, past epochs=1", "set epochs to 2 or more")
+    assert json.loads((run/"metrics.json").read_text())["config"]["epochs"] == 2
+    assert _main("train", *FAST[:-5], "3", *FAST[-4:], "--out", run)[0] == 0   # more epochs: the run goes on
+    m = json.loads((run/"metrics.json").read_text())
+    assert m["config"]["epochs"] == 3 and [e["epoch"] for e in m["epochs"]] == [0, 1, 2, 3] and read_checkpoint(run/"checkpoint.pt")["epoch"] == 3
