@@ -282,7 +282,14 @@ def test_evaluate_checks_its_dataset_kwargs(run, tmp_path):
     (["--batch-size", "8", "--m-per-class", "8"], "batches of 1 class(es) x 8 image(s): the triplet loss finds no negative"),
     (["--batch-size", "8", "--m-per-class", "1"], "batches of 8 class(es) x 1 image(s): the triplet loss finds no positive"),
     (["--loss", "contrastive", "--batch-size", "4", "--m-per-class", "4"], "the contrastive loss finds no negative"),
-    (["--loss", "margin", "--batch-size", "6", "--m-per-class", "1"], "the margin loss finds no positive")])
+    (["--loss", "margin", "--batch-size", "6", "--m-per-class", "1"], "the margin loss finds no positive"),
+    # issue 62: before, these passed and trained at a loss of exactly 0 (pairs), or on one class per batch (proxies, rows)
+    *[(["--loss", loss, "--batch-size", "8", "--m-per-class", "8"], f"batches of 1 class(es) x 8 image(s): the {loss} loss finds no negative")
+      for loss in ("npair", "angular", "lifted", "multisimilarity", "proxyanchor", "proxynca", "normsoftmax")],
+    *[(["--loss", loss, "--batch-size", "8", "--m-per-class", "1"], f"the {loss} loss finds no positive") for loss in ("npair", "angular", "lifted", "multisimilarity")],
+    (["--method", "ala", "--m-per-class", "1"], "method ALA draws batches of 120 class(es) x 1 image(s): the triplet loss finds no positive"),
+    (["--method", "dmml", "--method-kwargs", '{"n_classes": 1}'], "method DMML draws batches of 1 class(es)"),
+    (["--method", "episodes", "--method-kwargs", '{"n_classes": 1}'], "method EpisodeBaseline draws batches of 1 class(es)")])
 def test_a_batch_plan_without_negatives_or_positives_is_refused_before_the_run(tmp_path, flags, fragment):
     one_line_error(cli("train", "--dataset", "digits", *flags, "--no-umap", "--no-progress", "--out", tmp_path/"run"), fragment)
     assert not (tmp_path/"run").exists()
@@ -290,7 +297,7 @@ def test_a_batch_plan_without_negatives_or_positives_is_refused_before_the_run(t
 
 def test_a_batch_plan_proxies_learn_from_is_accepted():
     from dml_book.config import check_batch_plan
-    check_batch_plan(TrainConfig(loss="proxyanchor", batch_size=4, m_per_class=4))
+    check_batch_plan(TrainConfig(loss="proxyanchor", batch_size=4, m_per_class=1))   # one image per class: its proxy is the positive
     check_batch_plan(TrainConfig(loss="normsoftmax", batch_size=8, m_per_class=1))
 
 
