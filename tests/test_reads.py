@@ -315,6 +315,24 @@ def test_a_collapsed_embedding_stops_the_run_like_a_nan(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.parametrize("steps", ["1", "3"])
+def test_a_short_run_that_collapsed_does_not_finish_successfully(tmp_path, steps):
+    "Issue 62: before, a run of fewer than 20 logged steps was never judged, so this one (weights decayed to 0) ended with exit 0."
+    short = [a if b != "--max-steps-per-epoch" else steps for a, b in zip(COLLAPSING, ["", *COLLAPSING])]
+    one_line_error(cli("train", *short, "--out", tmp_path/"run"),
+                   f"training stopped learning at epoch 1, step {steps}: the test embeddings collapsed to one point")
+    assert not (tmp_path/"run"/"metrics.json").exists()
+
+
+def test_a_short_run_near_one_point_that_ranks_well_is_not_stopped():
+    "The embedding alone judges a short run only at chance: a few steps of a large network can sit near one point and rank well."
+    from dml_book.learning import collapse_reason
+    labels = np.repeat(np.arange(10), 5)
+    near = torch.ones(1, 10) + 1e-5 * torch.nn.functional.one_hot(torch.as_tensor(labels), 10).float()   # spread about 1e-6
+    assert collapse_reason([0.2] * 3, near, labels, recall=0.9) is None
+    assert collapse_reason([0.2] * 3, near, labels, recall=0.08).startswith("the test embeddings collapsed")
+
+
 def test_a_loss_pinned_at_chance_recall_is_named():
     from dml_book.learning import collapse_reason, chance_recall
     labels = np.repeat(np.arange(10), 5); emb = torch.randn(50, 8, generator=torch.Generator().manual_seed(0))
