@@ -177,6 +177,8 @@ def tune_command(args, # the parsed command-line arguments
     "Run `dml-book tune`: the arms' trials until each has its budget, a line per arm, then (`--decide`) the tuned study, from scratch and pretrained."
     from dml_book.registry import check_choice
     from dml_book.tune import tuning_spec, tune, tuned_study, pretrained_tuned_study, counted, TRIALS, TRIAL_EPOCHS, PRETRAINED_TUNED_SEEDS
+    from dml_book.config import check_jobs
+    check_jobs(args.jobs)   # one process per core at most, before any work
     t = tuning_spec(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS)
     for a in args.arm or (): check_choice("arm", a, sorted(t.spaces))
     frame = tune(t, args.results, args.storage, args.jobs, tuple(args.arm) if args.arm else None)
@@ -236,6 +238,8 @@ def check_pretrain(cfg, # the `PretrainConfig`
     for k, (ok, expects) in rules.items():
         if not ok(getattr(cfg, k)): raise ConfigError(f"--{k.replace('_', '-')} {getattr(cfg, k)}: expected {expects}")
     check_choice("optimizer", cfg.optimizer, ("adam", "sgd"), ConfigError)
+    from dml_book.pretrain import pretrain_data
+    pretrain_data(cfg)   # the dataset's own bounds (images, held_out, size, strength) and the batch's
     try: pretrain_code_points(cfg.skip, cfg.n_classes, root)
     except ValueError as e: raise ConfigError(f"--n-classes/--skip: {e}") from None
     if xl_kwargs is None: return

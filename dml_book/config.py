@@ -15,11 +15,12 @@ from .models import Head
 from .data.core import Decoder, EvalProtocol
 
 # %% auto #0
-__all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'FIELD_CHECKS', 'MAX_VALUES', 'MAX_DEPTH', 'PLAN_LABELS',
-           'positive_int', 'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict',
-           'recall_ks', 'words', 'one_of', 'bounded', 'check_fields', 'check_device', 'annotation_check',
-           'check_kwargs', 'check_own_loss', 'check_dataset_kwargs', 'trial_loss', 'loss_tuples', 'tuple_losses',
-           'plan_labels', 'check_batch_plan', 'check_pretraining', 'check_config']
+__all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'MAX_BATCH', 'MAX_IMAGE_SIDE', 'WORKERS_PER_CORE',
+           'WORKER_BYTES', 'FIELD_CHECKS', 'MAX_VALUES', 'MAX_DEPTH', 'JOB_BYTES', 'PLAN_LABELS', 'positive_int',
+           'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict', 'recall_ks', 'words',
+           'one_of', 'bounded', 'check_fields', 'usable_cores', 'available_memory', 'check_counts', 'check_jobs',
+           'check_device', 'annotation_check', 'check_kwargs', 'check_own_loss', 'check_dataset_kwargs', 'trial_loss',
+           'loss_tuples', 'tuple_losses', 'plan_labels', 'check_batch_plan', 'check_pretraining', 'check_config']
 
 # %% ../nbs/08d_config.ipynb #7ae02c2d
 from .registry import ConfigError   # one class for every configuration error (the data layer raises it too)
@@ -69,13 +70,19 @@ def one_of(alias, # a `Literal` alias, e.g. `Precision`
     values = get_args(alias)
     return (lambda v: isinstance(v, str) and v in values), words(alias)
 
+# %% ../nbs/08d_config.ipynb #be60ceca
+MAX_BATCH = 1 << 16       # images per batch at most (as embed's and index's --batch-size)
+MAX_IMAGE_SIDE = 8192     # pixels per side at most: one 3-channel float image of that side is 800 MB
+WORKERS_PER_CORE = 4      # DataLoader workers per usable core at most (decoding waits on files: a few per core help)
+WORKER_BYTES = 256 << 20  # the memory one worker process is counted to need
+
 # %% ../nbs/08d_config.ipynb #a7ddf7de
 FIELD_CHECKS = {  # field: (predicate, what it expects)
     "dataset": (is_str, "a registered dataset name"),
     "data_root": (optional(is_str), "a folder path or None"),
     "dataset_kwargs": (is_dict, "a mapping of constructor arguments"),
     "transform": (optional(is_str), "the name of an image pipeline or None"),
-    "image_size": (optional(lambda v: positive_int(v) and v >= 16), "a whole number of pixels, at least 16, or None"),
+    "image_size": (optional(lambda v: positive_int(v) and 16 <= v <= MAX_IMAGE_SIDE), f"a whole number of pixels from 16 to {MAX_IMAGE_SIDE}, or None"),
     "backbone": (is_str, "a backbone name"),
     "embedding_dim": (lambda v: positive_int(v) and v <= 1 << 16, "a positive integer, at most 65536"),
     "head": one_of(Head),
@@ -91,7 +98,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "method": (is_str, "a registered method name"),
     "method_kwargs": (is_dict, "a mapping of constructor arguments"),
     "epochs": (positive_int, "a positive integer"),
-    "batch_size": (positive_int, "a positive integer"),
+    "batch_size": (lambda v: positive_int(v) and v <= MAX_BATCH, f"a positive integer, at most {MAX_BATCH}"),
     "m_per_class": (positive_int, "a positive integer"),
     "lr_backbone": (non_negative_float, "a finite, non-negative number"),
     "lr_head": (non_negative_float, "a finite, non-negative number"),
@@ -156,6 +163,46 @@ def check_fields(cfg, # the `TrainConfig` to check
                               f"(a YAML alias repeated inside itself?)")
         bad = [n for n, v in getattr(cfg, k).items() if isinstance(v, float) and not math.isfinite(v)]
         if bad: raise ConfigError(f"{k} {bad[0]}={getattr(cfg, k)[bad[0]]!r} is not a finite number")
+
+# %% ../nbs/08d_config.ipynb #3fbb370c
+JOB_BYTES = 512 << 20     # the memory one training process (a study's or a tuning's job) is counted to need
+
+def usable_cores() -> int:
+    "The cores this process may run on (its affinity), else the machine's count."
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+def available_memory() -> int | None:
+    "Bytes of memory available for new allocations (Linux's MemAvailable); None where it cannot be read."
+    try:
+        with open("/proc/meminfo") as f: return next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
+    except (OSError, ValueError, StopIteration, IndexError): return None
+
+def _machine(cores: int, mem: int | None) -> str:
+    return f"{cores} usable core(s)" + ("" if mem is None else f" and {mem / 2**30:.1f} GiB of memory available")
+
+# %% ../nbs/08d_config.ipynb #d607a252
+def check_counts(cfg, # the `TrainConfig` to check (its fields already have their types)
+                ) -> None:
+    "Refuse (`ConfigError`) DataLoader workers past the cores and memory, and a batch of images past the available memory."
+    cores, mem = usable_cores(), available_memory()
+    if cfg.num_workers != "auto":
+        cap = WORKERS_PER_CORE * cores if mem is None else max(1, min(WORKERS_PER_CORE * cores, mem // WORKER_BYTES))
+        if cfg.num_workers > cap: raise ConfigError(f"num_workers={cfg.num_workers}: this machine has {_machine(cores, mem)}: at most {cap} "
+                                                    f"DataLoader workers ({WORKERS_PER_CORE} per core, {WORKER_BYTES >> 20} MiB each); or 'auto'")
+    if cfg.image_size is not None and mem is not None and (need := cfg.batch_size * 3 * cfg.image_size ** 2 * 4) > mem:
+        raise ConfigError(f"batch_size={cfg.batch_size} images of image_size={cfg.image_size}: one batch needs {need / 2**30:.1f} GiB, "
+                          f"more than the {mem / 2**30:.1f} GiB available; lower --batch-size or --image-size")
+
+def check_jobs(jobs, # processes side by side
+               what: str = "--jobs", # the setting, for the message
+              ) -> int:
+    "`jobs`, once it is a positive integer within the usable cores and `JOB_BYTES` each of the available memory; a `ConfigError` otherwise."
+    cores, mem = usable_cores(), available_memory()
+    cap = cores if mem is None else max(1, min(cores, mem // JOB_BYTES))
+    if not positive_int(jobs) or jobs > cap:
+        raise ConfigError(f"{what} {quote(jobs)}: this machine has {_machine(cores, mem)}: at most {cap} process(es) side by side "
+                          f"(one per core, {JOB_BYTES >> 20} MiB each)")
+    return jobs
 
 # %% ../nbs/08d_config.ipynb #97fd6c14
 def check_device(device: str, # "auto", "cpu", "cuda", "cuda:1", ...
@@ -349,7 +396,7 @@ def check_config(cfg, # the `TrainConfig` to check
     from dml_book.registry import DATASETS, MINERS, METHODS
     import dml_book.data, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
     from dml_book.models import BACKBONES
-    check_fields(cfg); check_device(cfg.device)
+    check_fields(cfg); check_device(cfg.device); check_counts(cfg)
     check_choice("backbone", cfg.backbone, ("smallcnn", *BACKBONES), ConfigError)
     if cfg.pretrained and cfg.backbone == "smallcnn": raise ConfigError("pretrained=True: the smallcnn backbone has no pretrained weights")
     check_pretraining(cfg)

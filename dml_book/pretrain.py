@@ -13,12 +13,12 @@ import numpy as np, matplotlib, torch, torch.nn as nn, torch.nn.functional as F
 from .data.builtin import cache_dir
 from .data.glyph_pretrain import GlyphPretrain, XL_CLASSES, check_disjoint, backbone_record   # the record's reader lives with the data it guards
 from .models import SmallCNN, build_model
-from .registry import check_choice
+from .registry import check_choice, ConfigError
 from .files import write_together
 
 # %% auto #0
-__all__ = ['PretrainConfig', 'accuracy', 'pretrain', 'backbone_path', 'pretrained_backbone', 'pretrain_record', 'zero_shot',
-           'plot_pretraining']
+__all__ = ['PretrainConfig', 'accuracy', 'pretrain_data', 'pretrain', 'backbone_path', 'pretrained_backbone', 'pretrain_record',
+           'zero_shot', 'plot_pretraining']
 
 # %% ../nbs/13_pretrain.ipynb #8d9fffb5
 @dataclass(frozen=True)
@@ -69,6 +69,16 @@ def _epoch(net, opt, sched, x, y, order, cfg: PretrainConfig, steps: int, curve:
             curve.append(dict(step=step0 + s + 1, loss=float(np.mean(window)))); window = []
     return hits / seen
 
+# %% ../nbs/13_pretrain.ipynb #0ada7b6f
+def pretrain_data(cfg: PretrainConfig, # the pretraining
+                 ) -> dict:
+    "The `GlyphPretrain` arguments of `cfg`, checked against the dataset's annotations and `kwarg_bounds` (a `ConfigError` naming the first outside)."
+    from dml_book.config import check_dataset_kwargs, MAX_BATCH
+    kw = dict(n_classes=cfg.n_classes, skip=cfg.skip, images=cfg.images, held_out=cfg.held_out, size=cfg.size, strength=cfg.strength)
+    check_dataset_kwargs("glyphs_pretrain", GlyphPretrain, kw)   # before a render that would not end
+    if not 1 <= cfg.batch_size <= MAX_BATCH: raise ConfigError(f"batch_size={cfg.batch_size}: expected 1 to {MAX_BATCH} images per step")
+    return kw
+
 # %% ../nbs/13_pretrain.ipynb #62d7b118
 def pretrain(cfg: PretrainConfig = PretrainConfig(), # the pretraining
              root=None, # cache folder of the images; None: `cache_dir()`
@@ -76,7 +86,7 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), # the pretraining
             ) -> tuple[SmallCNN, dict]:
     "The study's `SmallCNN` trained with a softmax classifier over the pretraining classes: the backbone and its record."
     torch.manual_seed(cfg.seed)
-    kw = dict(n_classes=cfg.n_classes, skip=cfg.skip, images=cfg.images, held_out=cfg.held_out, size=cfg.size, strength=cfg.strength)
+    kw = pretrain_data(cfg)
     x, y = _tensors(GlyphPretrain(root, "train", **kw))
     xt, yt = _tensors(GlyphPretrain(root, "test", **kw)) if cfg.held_out else (None, None)
     backbone = SmallCNN(1); net = nn.Sequential(backbone, nn.Linear(backbone.feature_dim, int(y.max()) + 1)).train()

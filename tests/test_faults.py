@@ -381,3 +381,31 @@ def test_a_rerun_with_other_epochs_continues_or_is_refused(two_epochs, tmp_path)
     assert _main("train", *FAST[:-5], "3", *FAST[-4:], "--out", run)[0] == 0   # more epochs: the run goes on
     m = json.loads((run/"metrics.json").read_text())
     assert m["config"]["epochs"] == 3 and [e["epoch"] for e in m["epochs"]] == [0, 1, 2, 3] and read_checkpoint(run/"checkpoint.pt")["epoch"] == 3
+
+
+# --- counts and sizes held to what their consumer can take (issue 62) -----------------------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["train", *FAST, "--num-workers", "100000"], "num_workers=100000: this machine has"),
+    (["train", *FAST, "--batch-size", "1000000"], "batch_size=1000000 is invalid: expected a positive integer, at most 65536"),
+    (["train", *FAST, "--image-size", "100000"], "image_size=100000 is invalid: expected a whole number of pixels from 16 to 8192"),
+    (["tune", "ala", "--jobs", "100000"], "--jobs 100000: this machine has"),
+    (["pretrain", "--images", "100000", "--no-progress"], "dataset 'glyphs_pretrain' takes images from 1 to 256"),
+    (["pretrain", "--held-out", "5000", "--no-progress"], "takes held_out from 0 to 256"),
+    (["pretrain", "--size", "100000", "--no-progress"], "takes size from 8 to 256"),
+    (["pretrain", "--strength", "1e9", "--no-progress"], "takes strength from 0 to 4"),
+    (["pretrain", "--batch-size", "1000000000", "--no-progress"], "batch_size=1000000000: expected 1 to 65536")])
+def test_a_count_past_its_consumer_is_one_line_before_any_work(argv, says, tmp_path):
+    "Before: each was accepted, then forked until the machine gave out, or failed deep inside, or rendered for ever."
+    out = ["--out", tmp_path/"run"] if argv[0] == "train" else ["--results", tmp_path/"results"] if argv[0] == "tune" else ["--cache", tmp_path/"cache"]
+    _one_line(_main(*argv, *out), says)
+    assert not any(tmp_path.iterdir())   # nothing written, nothing rendered
+
+
+def test_a_batch_of_images_past_the_memory_is_refused():
+    from dml_book.config import check_counts, available_memory, MAX_BATCH, ConfigError
+    from dml_book.train import TrainConfig
+    if available_memory() is None: pytest.skip("no /proc/meminfo here")
+    with pytest.raises(ConfigError, match=r"batch_size=65536 images of image_size=8192: one batch needs 49152.0 GiB"):
+        check_counts(TrainConfig(batch_size=MAX_BATCH, image_size=8192))
+    check_counts(TrainConfig(batch_size=64, image_size=224))   # 38.5 MB: fine anywhere
