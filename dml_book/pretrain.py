@@ -75,7 +75,8 @@ def pretrain_data(cfg: PretrainConfig, # the pretraining
     "The `GlyphPretrain` arguments of `cfg`, checked against the dataset's annotations and `kwarg_bounds` (a `ConfigError` naming the first outside)."
     from dml_book.config import check_dataset_kwargs, MAX_BATCH
     kw = dict(n_classes=cfg.n_classes, skip=cfg.skip, images=cfg.images, held_out=cfg.held_out, size=cfg.size, strength=cfg.strength)
-    check_dataset_kwargs("glyphs_pretrain", GlyphPretrain, kw)   # before a render that would not end
+    check_dataset_kwargs("glyphs_pretrain", GlyphPretrain, {k: kw[k] for k in ("images", "held_out", "size", "strength")})   # before a render that would not end
+    # (n_classes and skip: `pretrain_code_points`, against the fonts' code points)
     if not 1 <= cfg.batch_size <= MAX_BATCH: raise ConfigError(f"batch_size={cfg.batch_size}: expected 1 to {MAX_BATCH} images per step")
     return kw
 

@@ -520,7 +520,7 @@ def check_progress(path, # the checkpoint file, for the messages
     bad = next((i for i, r in enumerate(state["history"]) if not _log_record(r)), None)
     if bad is not None: raise CheckpointError(f"checkpoint {path}: history[{bad}]={quote(state['history'][bad])} is not a record of the log; {fix}")
     ends = [r["epoch"] for r in state["history"] if r["kind"] == "epoch"]
-    if ends != list(range(e + 1)): raise CheckpointError(f"checkpoint {path}: its history records epochs {quote(ends)}, not 0 to {e}; {fix}")
+    if ends != list(range(e + 1)) and not (e == 0 and not ends): raise CheckpointError(f"checkpoint {path}: its history records epochs {quote(ends)}, not 0 to {e}; {fix}")
     if e > cfg.epochs: raise ConfigError(f"{path} holds epoch {e} of {n}, past epochs={cfg.epochs}: the run would be reported as {cfg.epochs} epochs "
                                          f"that trained {e}; set epochs to {e} or more to continue it, or choose another output folder")
 

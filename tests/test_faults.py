@@ -76,7 +76,7 @@ BAD_SETTINGS = {  # field: (command-line flags, a fragment of the one-line error
     "data_root": (["--dataset", "cub200"], "needs --data-root"),
     "dataset_kwargs": (["--dataset-kwargs", '{"sizee": 3}'], "does not take dataset_kwargs"),
     "transform": (["--transform", "retrieval227"], "leave transform unset"),
-    "image_size": (["--image-size", "8"], "image_size=8 is invalid: expected a whole number of pixels, at least 16, or None"),
+    "image_size": (["--image-size", "8"], "image_size=8 is invalid: expected a whole number of pixels from 16 to 8192, or None"),
     "backbone": (["--backbone", "resnet19"], "unknown backbone 'resnet19'"),
     "embedding_dim": (["--embedding-dim", "0"], "embedding_dim=0 is invalid"),
     "head": (["--head", "mlp"], "head='mlp' is invalid"),

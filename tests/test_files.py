@@ -423,3 +423,19 @@ def test_pretrain_out_on_a_full_disk_keeps_the_old_copy(small_disk, tmp_path):
     (small_disk/"filler").unlink()
     assert cli("pretrain", "--cache", tmp_path/"cache", "--out", small_disk/"b.pth", "--no-progress").returncode == 0
     assert (small_disk/"b.pth").read_bytes() == cached.read_bytes() and (small_disk/"b.json").read_text() == cached.with_suffix(".json").read_text()
+
+
+def test_an_experiment_that_fails_keeps_the_previous_executed_notebook(tmp_path, monkeypatch):
+    "Before: papermill wrote over train_eval.ipynb as it ran, so a failed rerun (a full disk, a bad cell) lost the good one."
+    import errno, papermill
+    from dml_book.results import run_experiment
+    (tmp_path/"train_eval.ipynb").write_text('{"good": true}')
+    def fails_halfway(src, dest, **kw):
+        Path(dest).write_text('{"cells": [')   # the cells run so far, then the disk fills up
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(papermill, "execute_notebook", fails_halfway)
+    with pytest.raises(OSError, match="No space left"): run_experiment("train_eval", out_dir=str(tmp_path), progress=False)
+    assert (tmp_path/"train_eval.ipynb").read_text() == '{"good": true}' and (tmp_path/"train_eval.failed.ipynb").read_text() == '{"cells": ['
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train_eval.failed.ipynb", "train_eval.ipynb"]
+    monkeypatch.setattr(papermill, "execute_notebook", lambda src, dest, **kw: Path(dest).write_text('{"new": true}'))
+    assert run_experiment("train_eval", out_dir=str(tmp_path), progress=False).read_text() == '{"new": true}'
