@@ -13,7 +13,8 @@ from .files import FileError, write_bytes
 from .reads import read_file, open_file, MAX_CHECKPOINT_BYTES
 
 # %% auto #0
-__all__ = ['MAGIC', 'CheckpointError', 'write_checkpoint', 'read_checkpoint', 'checkpoint_digest', 'check_state', 'load_states']
+__all__ = ['MAGIC', 'CheckpointError', 'write_checkpoint', 'read_checkpoint', 'checkpoint_digest', 'check_state', 'load_states',
+           'check_optimizer']
 
 # %% ../nbs/08c_checkpoint.ipynb #599dac5c
 MAGIC = b"DMLCKPT1 "  # first bytes of every checkpoint, followed by the payload's SHA-256 and a newline
@@ -67,6 +68,10 @@ def checkpoint_digest(path, # a file written by `write_checkpoint`
     return digest.decode()
 
 # %% ../nbs/08c_checkpoint.ipynb #2f6fece8
+def _not_finite(path, field: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path}: {field} holds NaN or infinite values (a run that diverged, or a file written "
+                           f"by hand): its embeddings would be NaN; train it again, or use another checkpoint")
+
 def _part_error(path, field: str, why: str, built: str) -> CheckpointError:
     return CheckpointError(f"checkpoint {path}: {field} {why}{built}; it is not a checkpoint of this run: train it again, or restore the run's own file")
 
@@ -89,6 +94,7 @@ def check_state(path, # the checkpoint file, for the messages
             if torch.is_tensor(v) != torch.is_tensor(w): raise _part_error(path, f"{part}.{k}", f"is a {type(w).__name__} where the network has a {type(v).__name__}", built)
             if torch.is_tensor(v) and (tuple(w.shape) != tuple(v.shape) or w.is_floating_point() != v.is_floating_point()):
                 raise _part_error(path, f"{part}.{k}", f"has shape {list(w.shape)} ({w.dtype}) where the network has {list(v.shape)} ({v.dtype})", built)
+            if torch.is_tensor(w) and w.is_floating_point() and not torch.isfinite(w).all(): raise _not_finite(path, f"{part}.{k}")
         extra = [k for k in got if k not in own]
         if extra: raise _part_error(path, f"{part}.{extra[0]}", f"is not in the network ({len(extra)} such key(s))", built)
     return state
@@ -103,3 +109,22 @@ def load_states(path, # the checkpoint file, for the messages
         try: module.load_state_dict(state[part])
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
             raise _part_error(path, part, f"cannot be restored ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})", "") from None
+
+# %% ../nbs/08c_checkpoint.ipynb #89b7b3b7
+def check_optimizer(path, # the checkpoint file, for the messages
+                    saved, # the checkpoint's optimizer state (`Optimizer.state_dict()`)
+                    optimizer: torch.optim.Optimizer, # the optimizer it is for
+                   ):
+    "Refuse (`CheckpointError`) an optimizer state whose groups, per-parameter tensors or values do not fit `optimizer`."
+    mine = optimizer.param_groups
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or not isinstance(saved.get("state"), dict) or len(groups) != len(mine) or not all(
+            isinstance(g, dict) and isinstance(g.get("params"), list) and len(g["params"]) == len(m["params"]) for g, m in zip(groups, mine)):
+        raise _part_error(path, "optimizer", f"does not hold {len(mine)} group(s) of {[len(m['params']) for m in mine]} parameters", "")
+    params = dict(zip([i for g in groups for i in g["params"]], [p for m in mine for p in m["params"]]))
+    for i, st in saved["state"].items():
+        if i not in params or not isinstance(st, dict): raise _part_error(path, f"optimizer.state[{i}]", "belongs to no parameter", "")
+        for k, v in st.items():
+            if not torch.is_tensor(v) or v.ndim == 0: continue   # a step count
+            if v.shape != params[i].shape: raise _part_error(path, f"optimizer.state[{i}].{k}", f"has shape {list(v.shape)} where its parameter has {list(params[i].shape)}", "")
+            if v.is_floating_point() and not torch.isfinite(v).all(): raise _not_finite(path, f"optimizer.state[{i}].{k}")

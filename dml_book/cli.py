@@ -17,7 +17,7 @@ from .files import FileError, FIGURE_SUFFIXES, check_output, check_folder, refus
 
 # %% auto #0
 __all__ = ['CLI_DEFAULTS', 'LISTS', 'DISTANCES', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'tune_command',
-           'check_pretrain', 'pretrain_command', 'parser', 'results_table', 'epoch_line', 'print_epochs',
+           'check_pretrain', 'pretrain_command', 'UsageParser', 'parser', 'results_table', 'epoch_line', 'print_epochs',
            'evaluate_command', 'embed_command', 'index_command', 'search_command', 'catalogue', 'list_command',
            'user_errors', 'read_config_file', 'dataset_defaults', 'train_command', 'experiment_command', 'one_line',
            'error_line', 'main']
@@ -193,6 +193,8 @@ def tune_command(args, # the parsed command-line arguments
     arms = tuple(args.arm) if args.arm else None
     plan = tuning_plan(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS, args.results, args.storage, arms, args.jobs)
     print(*plan_lines(plan), sep="\n", flush=True)
+    from dml_book.config import check_jobs
+    check_jobs(args.jobs)   # one process per core at most, before any work
     if needs_confirmation(plan) and not args.yes and not _confirmed(plan): return 1
     from dml_book.tune import tuning_spec, tune, tuned_study, pretrained_tuned_study, PRETRAINED_TUNED_SEEDS
     from dml_book.tuning_report import counted
@@ -254,6 +256,8 @@ def check_pretrain(cfg, # the `PretrainConfig`
     for k, (ok, expects) in rules.items():
         if not ok(getattr(cfg, k)): raise ConfigError(f"--{k.replace('_', '-')} {getattr(cfg, k)}: expected {expects}")
     check_choice("optimizer", cfg.optimizer, ("adam", "sgd"), ConfigError)
+    from dml_book.pretrain import pretrain_data
+    pretrain_data(cfg)   # the dataset's own bounds (images, held_out, size, strength) and the batch's
     try: pretrain_code_points(cfg.skip, cfg.n_classes, root)
     except ValueError as e: raise ConfigError(f"--n-classes/--skip: {e}") from None
     if xl_kwargs is None: return
@@ -266,7 +270,6 @@ def check_pretrain(cfg, # the `PretrainConfig`
 def pretrain_command(args, # the parsed command-line arguments
                     ) -> int:
     "`dml-book pretrain`: the backbone of a `PretrainConfig`, found in the cache or trained now; its path, and its zero-shot R@1 if asked."
-    import shutil
     from dml_book.pretrain import PretrainConfig, pretrained_backbone, zero_shot
     from dml_book.study_design import STUDY_SETTINGS
     cfg = PretrainConfig(**{f.name: getattr(args, f.name) for f in fields(PretrainConfig) if hasattr(args, f.name)})
@@ -276,8 +279,11 @@ def pretrain_command(args, # the parsed command-line arguments
     path = pretrained_backbone(cfg, args.cache, sys.stdout.isatty() if args.progress is None else args.progress)
     print(path)
     if out:   # the weights and their record, which the trainer reads beside them (`backbone_record`)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, out); shutil.copy(path.with_suffix(".json"), out.with_suffix(".json"))
+        from dml_book.files import write_together   # the pair written beside any old one, then swapped in (the weights last)
+        from dml_book.reads import read_file, MAX_CHECKPOINT_BYTES
+        out.parent.mkdir(parents=True, exist_ok=True); fix = "choose another --cache"
+        write_together({out.with_suffix(".json"): read_file(path.with_suffix(".json"), fix, 1 << 20, what="backbone record"),
+                        out: read_file(path, fix, MAX_CHECKPOINT_BYTES, what="backbone")}, out, "choose another --out")
         print(f"copied to {out} (its record: {out.with_suffix('.json')})")
     if xl is not None:
         print(f"zero-shot R@1 {zero_shot(path, xl, cfg.skip, args.cache)['R@1']:.4f} on glyphs_xl {json.dumps(xl)}, test classes")
@@ -306,6 +312,13 @@ def _cached(key: str, # what is kept: train, pretrain, lists
     except (OSError, ConfigError): pass   # a read-only cache: computed again next time
     return value
 
+# %% ../nbs/10_cli.ipynb #056bc18b
+class UsageParser(argparse.ArgumentParser):
+    "An `ArgumentParser` whose usage errors are one line, `dml-book: error: ...`, exit code 2, like every other error."
+    def error(self, message: str):
+        line = f"dml-book: error: {one_line(message)} (see `{self.prog} --help`)"
+        self.exit(2, (line if len(line) <= MAX_MESSAGE else line[:MAX_MESSAGE - 3] + "...") + "\n")
+
 # %% ../nbs/10_cli.ipynb #d1f05b9b
 def _train_spec() -> dict:
     "`train`'s flags (`_config_flags`) and the methods' presets, for its help (imports torch)."
@@ -315,7 +328,7 @@ def _train_spec() -> dict:
 def parser(command: str|None = None, # build only this subcommand's `train` flags (None: all); see `main`
           ) -> argparse.ArgumentParser:
     "The `dml-book` argument parser."
-    p = argparse.ArgumentParser(prog="dml-book", description="Deep metric learning: train, evaluate, embed, index and search; run experiments.")
+    p = UsageParser(prog="dml-book", description="Deep metric learning: train, evaluate, embed, index and search; run experiments.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train and evaluate one configuration (resumes from OUT/checkpoint.pt)")
     if command in (None, "train"):   # the one subcommand whose flags need torch (TrainConfig, the registries): cached

@@ -9,17 +9,18 @@ from __future__ import annotations
 import inspect, math, os, sys
 from dataclasses import fields, replace
 from typing import Literal, get_args, get_origin
-import torch
+import numpy as np, torch
 from .registry import check_choice, quote
 from .models import Head
 from .data.core import Decoder, EvalProtocol
 
 # %% auto #0
-__all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'FIELD_CHECKS', 'MAX_VALUES', 'MAX_DEPTH', 'positive_int',
+__all__ = ['OptimizerName', 'LRSchedule', 'LRStepPer', 'Precision', 'MAX_BATCH', 'MAX_IMAGE_SIDE', 'WORKERS_PER_CORE',
+           'WORKER_BYTES', 'FIELD_CHECKS', 'MAX_VALUES', 'MAX_DEPTH', 'JOB_BYTES', 'PLAN_LABELS', 'positive_int',
            'non_negative_int', 'non_negative_float', 'optional', 'is_str', 'is_bool', 'is_dict', 'recall_ks', 'words',
-           'one_of', 'bounded', 'check_fields', 'check_device', 'annotation_check', 'check_kwargs', 'check_own_loss',
-           'check_dataset_kwargs', 'trial_loss', 'loss_tuples', 'tuple_losses', 'check_batch_plan', 'check_pretraining',
-           'check_config']
+           'one_of', 'bounded', 'check_fields', 'usable_cores', 'available_memory', 'check_counts', 'check_jobs',
+           'check_device', 'annotation_check', 'check_kwargs', 'check_own_loss', 'check_dataset_kwargs', 'trial_loss',
+           'loss_tuples', 'tuple_losses', 'plan_labels', 'check_batch_plan', 'check_pretraining', 'check_config']
 
 # %% ../nbs/08d_config.ipynb #7ae02c2d
 from .registry import ConfigError   # one class for every configuration error (the data layer raises it too)
@@ -69,13 +70,19 @@ def one_of(alias, # a `Literal` alias, e.g. `Precision`
     values = get_args(alias)
     return (lambda v: isinstance(v, str) and v in values), words(alias)
 
+# %% ../nbs/08d_config.ipynb #be60ceca
+MAX_BATCH = 1 << 16       # images per batch at most (as embed's and index's --batch-size)
+MAX_IMAGE_SIDE = 8192     # pixels per side at most: one 3-channel float image of that side is 800 MB
+WORKERS_PER_CORE = 4      # DataLoader workers per usable core at most (decoding waits on files: a few per core help)
+WORKER_BYTES = 256 << 20  # the memory one worker process is counted to need
+
 # %% ../nbs/08d_config.ipynb #a7ddf7de
 FIELD_CHECKS = {  # field: (predicate, what it expects)
     "dataset": (is_str, "a registered dataset name"),
     "data_root": (optional(is_str), "a folder path or None"),
     "dataset_kwargs": (is_dict, "a mapping of constructor arguments"),
     "transform": (optional(is_str), "the name of an image pipeline or None"),
-    "image_size": (optional(lambda v: positive_int(v) and v >= 16), "a whole number of pixels, at least 16, or None"),
+    "image_size": (optional(lambda v: positive_int(v) and 16 <= v <= MAX_IMAGE_SIDE), f"a whole number of pixels from 16 to {MAX_IMAGE_SIDE}, or None"),
     "backbone": (is_str, "a backbone name"),
     "embedding_dim": (lambda v: positive_int(v) and v <= 1 << 16, "a positive integer, at most 65536"),
     "head": one_of(Head),
@@ -91,7 +98,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "method": (is_str, "a registered method name"),
     "method_kwargs": (is_dict, "a mapping of constructor arguments"),
     "epochs": (positive_int, "a positive integer"),
-    "batch_size": (positive_int, "a positive integer"),
+    "batch_size": (lambda v: positive_int(v) and v <= MAX_BATCH, f"a positive integer, at most {MAX_BATCH}"),
     "m_per_class": (positive_int, "a positive integer"),
     "lr_backbone": (non_negative_float, "a finite, non-negative number"),
     "lr_head": (non_negative_float, "a finite, non-negative number"),
@@ -156,6 +163,46 @@ def check_fields(cfg, # the `TrainConfig` to check
                               f"(a YAML alias repeated inside itself?)")
         bad = [n for n, v in getattr(cfg, k).items() if isinstance(v, float) and not math.isfinite(v)]
         if bad: raise ConfigError(f"{k} {bad[0]}={getattr(cfg, k)[bad[0]]!r} is not a finite number")
+
+# %% ../nbs/08d_config.ipynb #3fbb370c
+JOB_BYTES = 512 << 20     # the memory one training process (a study's or a tuning's job) is counted to need
+
+def usable_cores() -> int:
+    "The cores this process may run on (its affinity), else the machine's count."
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+def available_memory() -> int | None:
+    "Bytes of memory available for new allocations (Linux's MemAvailable); None where it cannot be read."
+    try:
+        with open("/proc/meminfo") as f: return next(int(l.split()[1]) * 1024 for l in f if l.startswith("MemAvailable:"))
+    except (OSError, ValueError, StopIteration, IndexError): return None
+
+def _machine(cores: int, mem: int | None) -> str:
+    return f"{cores} usable core(s)" + ("" if mem is None else f" and {mem / 2**30:.1f} GiB of memory available")
+
+# %% ../nbs/08d_config.ipynb #d607a252
+def check_counts(cfg, # the `TrainConfig` to check (its fields already have their types)
+                ) -> None:
+    "Refuse (`ConfigError`) DataLoader workers past the cores and memory, and a batch of images past the available memory."
+    cores, mem = usable_cores(), available_memory()
+    if cfg.num_workers != "auto":
+        cap = WORKERS_PER_CORE * cores if mem is None else max(1, min(WORKERS_PER_CORE * cores, mem // WORKER_BYTES))
+        if cfg.num_workers > cap: raise ConfigError(f"num_workers={cfg.num_workers}: this machine has {_machine(cores, mem)}: at most {cap} "
+                                                    f"DataLoader workers ({WORKERS_PER_CORE} per core, {WORKER_BYTES >> 20} MiB each); or 'auto'")
+    if cfg.image_size is not None and mem is not None and (need := cfg.batch_size * 3 * cfg.image_size ** 2 * 4) > mem:
+        raise ConfigError(f"batch_size={cfg.batch_size} images of image_size={cfg.image_size}: one batch needs {need / 2**30:.1f} GiB, "
+                          f"more than the {mem / 2**30:.1f} GiB available; lower --batch-size or --image-size")
+
+def check_jobs(jobs, # processes side by side
+               what: str = "--jobs", # the setting, for the message
+              ) -> int:
+    "`jobs`, once it is a positive integer within the usable cores and `JOB_BYTES` each of the available memory; a `ConfigError` otherwise."
+    cores, mem = usable_cores(), available_memory()
+    cap = cores if mem is None else max(1, min(cores, mem // JOB_BYTES))
+    if not positive_int(jobs) or jobs > cap:
+        raise ConfigError(f"{what} {quote(jobs)}: this machine has {_machine(cores, mem)}: at most {cap} process(es) side by side "
+                          f"(one per core, {JOB_BYTES >> 20} MiB each)")
+    return jobs
 
 # %% ../nbs/08d_config.ipynb #97fd6c14
 def check_device(device: str, # "auto", "cpu", "cuda", "cuda:1", ...
@@ -272,26 +319,61 @@ def tuple_losses(cfg, # the `TrainConfig` (its embedding size)
     return [n for n in LOSSES.names() if loss_tuples(replace(cfg, loss=n, loss_kwargs={})) in kinds]
 
 # %% ../nbs/08d_config.ipynb #bac8249e
-def check_batch_plan(cfg, # the `TrainConfig`: loss, batch_size, m_per_class
-                     method=None, # the method: one that draws its own batches (its `batch_sampler`) is not judged here
-                    ) -> None:
-    "Refuse (`ConfigError`) class-balanced batches in which the configured loss finds no positive pair or no negative."
+PLAN_LABELS = (512, 32)   # classes x images of the stand-in training labels a method's own sampler draws its first batch from
+
+def plan_labels(cfg, # the `TrainConfig`: batch_size, m_per_class
+                method=None, # the method; one with its own `batch_sampler` draws the batch
+               ) -> tuple[torch.Tensor | None, str]:
+    "The labels of one batch as the run draws it, and who draws it (for a message); None when the method's sampler needs more than labels."
+    from types import SimpleNamespace
     from dml_book.methods.base import Method
-    if method is not None and type(method).batch_sampler is not Method.batch_sampler: return
-    if cfg.batch_size % cfg.m_per_class: return   # the sampler refuses it with its own message
+    plain = f"batch_size={cfg.batch_size} with m_per_class={cfg.m_per_class} makes"
+    if method is None or type(method).batch_sampler is Method.batch_sampler: sampler = None
+    else:
+        labels = np.repeat(np.arange(PLAN_LABELS[0]), PLAN_LABELS[1])
+        view = SimpleNamespace(cfg=cfg, train_ds=SimpleNamespace(labels=labels), dist=SimpleNamespace(rank=0, world_size=1, enabled=False, is_main=True))
+        try: sampler = method.batch_sampler(view)
+        except (ValueError, AttributeError, TypeError): return None, ""   # bad settings: the method's own `check` names them
+        if sampler is not None: return torch.as_tensor(labels[np.asarray(next(iter(sampler)))]), f"method {type(method).__name__} draws"
     classes = cfg.batch_size // cfg.m_per_class * int(os.environ.get("WORLD_SIZE", 1))   # torchrun gathers every process's batch
-    labels = torch.arange(classes).repeat_interleave(cfg.m_per_class)
-    z = torch.nn.functional.normalize(torch.randn(len(labels), cfg.embedding_dim, generator=torch.Generator().manual_seed(0)), dim=1)
+    return torch.arange(classes).repeat_interleave(cfg.m_per_class), plain
+
+# %% ../nbs/08d_config.ipynb #39360d05
+def _missing_part(cfg, # the `TrainConfig`: its loss and embedding size
+                  labels: torch.Tensor, # one batch's labels
+                 ) -> str | None:
+    "'positive' or 'negative' when the configured loss, on random embeddings of `labels`, forms no tuple with one; else None."
     from dml_book.registry import LOSSES
-    filled = dict(num_classes=classes, embedding_size=cfg.embedding_dim, normalize=False)   # a proxy or a margin for each class of the batch
-    t = check_kwargs("loss", cfg.loss, LOSSES.get(cfg.loss), cfg.loss_kwargs, filled).compute(z, labels, None).indices_tuple
-    if len(t) == 1: return   # proxies, single items: every image teaches
-    parts = (("positive", t[0]), ("negative", t[2])) if len(t) == 4 else (("positive" if cfg.m_per_class == 1 else "negative", t[0]),)
-    empty = [w for w, part in parts if len(part) == 0]   # a triplet needs both: the plan says which one is missing
-    if empty:
-        fix = "set --m-per-class 2 or more" if cfg.m_per_class == 1 else "set --batch-size to at least twice --m-per-class"
-        raise ConfigError(f"batch_size={cfg.batch_size} with m_per_class={cfg.m_per_class} makes batches of {classes} class(es) x "
-                          f"{cfg.m_per_class} image(s): the {cfg.loss} loss finds no {empty[0]} in them and would not learn; {fix}")
+    from dml_book.distances import pair_masks
+    z = torch.nn.functional.normalize(torch.randn(len(labels), cfg.embedding_dim, generator=torch.Generator().manual_seed(0)), dim=1)
+    cls = LOSSES.get(cfg.loss)
+    filled = dict(num_classes=int(labels.max()) + 1, embedding_size=cfg.embedding_dim, normalize=False)   # a proxy or a margin for each class
+    t = check_kwargs("loss", cfg.loss, cls, cfg.loss_kwargs, filled).compute(z, labels, None).indices_tuple
+    if getattr(cls, "uses_proxies", False): return None   # the class's proxy is the positive, the other proxies the negatives
+    pos = pair_masks(labels)[0]
+    if len(t) == 4: parts = (("positive", t[0]), ("negative", t[2]))
+    elif len(t) == 3: parts = (("negative" if pos.any() else "positive", t[0]),)   # a triplet needs both: the plan says which is missing
+    elif len(t) == 2: parts = (("positive", t[0]),)   # positive pairs, the other classes' items their negatives
+    else: parts = (("positive", torch.nonzero(pos)),)   # an anchor's row of pairs (multi-similarity) pulls its positives
+    return next((w for w, part in parts if len(part) == 0), None)
+
+# %% ../nbs/08d_config.ipynb #07afe0c2
+def check_batch_plan(cfg, # the `TrainConfig`: loss, batch_size, m_per_class
+                     method=None, # the method: its own sampler's batches are judged, and its own loss only for their classes
+                    ) -> None:
+    "Refuse (`ConfigError`) batches of one class, and batches in which the configured loss finds no positive or no negative."
+    if cfg.batch_size % cfg.m_per_class: return   # the sampler refuses it with its own message
+    labels, who = plan_labels(cfg, method)
+    if labels is None: return
+    counts = torch.unique(labels, return_counts=True)[1]
+    shape = f"batches of {len(counts)} class(es) x {int(counts.min())}{'' if counts.min() == counts.max() else f' to {int(counts.max())}'} image(s)"
+    fix = ("change the method's batch settings (method_kwargs)" if who.startswith("method") else "set --m-per-class 2 or more"
+           if cfg.m_per_class == 1 else "set --batch-size to at least twice --m-per-class")
+    what = "its loss" if getattr(method, "own_loss", None) else f"the {cfg.loss} loss"
+    if len(counts) < 2: raise ConfigError(f"{who} {shape}: {what} finds no negative in them (one class) and would not learn; {fix}")
+    if getattr(method, "own_loss", None): return
+    missing = _missing_part(cfg, labels)
+    if missing: raise ConfigError(f"{who} {shape}: {what} finds no {missing} in them and would not learn; {fix}")
 
 # %% ../nbs/08d_config.ipynb #bf5de40a
 def check_pretraining(cfg, # the `TrainConfig` to check
@@ -314,7 +396,7 @@ def check_config(cfg, # the `TrainConfig` to check
     from dml_book.registry import DATASETS, MINERS, METHODS
     import dml_book.data, dml_book.miners, dml_book.methods  # noqa: F401  (fill the registries)
     from dml_book.models import BACKBONES
-    check_fields(cfg); check_device(cfg.device)
+    check_fields(cfg); check_device(cfg.device); check_counts(cfg)
     check_choice("backbone", cfg.backbone, ("smallcnn", *BACKBONES), ConfigError)
     if cfg.pretrained and cfg.backbone == "smallcnn": raise ConfigError("pretrained=True: the smallcnn backbone has no pretrained weights")
     check_pretraining(cfg)
@@ -328,7 +410,8 @@ def check_config(cfg, # the `TrainConfig` to check
     built = check_kwargs("method", cfg.method, METHODS.get(cfg.method), cfg.method_kwargs)
     method, name = (built, cfg.method) if method is None else (method, type(method).__name__)
     if getattr(method, "own_loss", None): check_own_loss(cfg, method)
-    else: trial_loss(cfg); check_batch_plan(cfg, method)
+    else: trial_loss(cfg)
+    check_batch_plan(cfg, method)   # its own loss too: a batch of one class teaches nothing
     if cfg.miner: check_kwargs("miner", cfg.miner, MINERS.get(cfg.miner), cfg.miner_kwargs, dict(normalize=False))
     elif cfg.miner_kwargs: raise ConfigError(f"miner_kwargs {cfg.miner_kwargs} given without a miner")
     try: method.check(cfg)

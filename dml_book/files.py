@@ -11,10 +11,10 @@ from pathlib import Path
 from .registry import ConfigError, quote
 
 # %% auto #0
-__all__ = ['MARK', 'FIGURE_SUFFIXES', 'MANIFEST', 'MANIFEST_SCHEMA', 'FileError', 'write_bytes', 'to_json', 'write_text',
-           'write_json', 'append_line', 'open_lock', 'check_folder', 'refuse_links', 'check_output', 'make_folder',
-           'is_own', 'clean_folder', 'save_figure', 'write_folder', 'read_bytes', 'check_schema', 'read_json',
-           'read_folder', 'bounded_memory']
+__all__ = ['MARK', 'FIGURE_SUFFIXES', 'MANIFEST', 'MANIFEST_SCHEMA', 'FileError', 'write_bytes', 'write_together', 'to_json',
+           'write_text', 'write_json', 'append_line', 'open_lock', 'check_folder', 'refuse_links', 'check_output',
+           'make_folder', 'is_own', 'clean_folder', 'save_figure', 'write_folder', 'read_bytes', 'check_schema',
+           'read_json', 'read_folder', 'bounded_memory']
 
 # %% ../nbs/08e_files.ipynb #3b0ed1ba
 class FileError(ConfigError):
@@ -45,26 +45,63 @@ def _sync_folder(folder: Path):
         finally: os.close(fd)
 
 # %% ../nbs/08e_files.ipynb #c3c811cc
-def write_bytes(path, # the file to (re)place
-                data, # bytes, or an iterable of bytes chunks
-                fix: str = "choose another output", # what the user can do, ending the message of a failed write
-               ) -> Path:
-    "Replace `path` with `data` atomically: a temporary file opened `O_EXCL | O_NOFOLLOW`, fsync, rename; never through a link."
-    path = Path(path); _no_link(path)
-    if path.is_dir(): raise FileError(f"{path} is a folder, not a file; {fix}")
+def _stage(path: Path, # the file the bytes are for
+           chunks, # an iterable of bytes
+           fix: str, # the end of the message of a failed write
+          ) -> Path:
+    "Write `chunks` to a new temporary file beside `path` (random name, `O_EXCL | O_NOFOLLOW`) and fsync it; nothing is left on failure."
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o666)
         try:
             with open(fd, "wb") as f:
                 for c in chunks: f.write(c)
                 f.flush(); os.fsync(f.fileno())
-            os.replace(tmp, path)
         except BaseException: tmp.unlink(missing_ok=True); raise
     except OSError as e: raise _os_error(path, e, "write", fix) from None
+    return tmp
+
+def _target(path, fix: str) -> Path:
+    "`path` as a `Path`, refused if it is a link or a folder."
+    path = Path(path); _no_link(path)
+    if path.is_dir(): raise FileError(f"{path} is a folder, not a file; {fix}")
+    return path
+
+# %% ../nbs/08e_files.ipynb #c7b06f27
+def write_bytes(path, # the file to (re)place
+                data, # bytes, or an iterable of bytes chunks
+                fix: str = "choose another output", # what the user can do, ending the message of a failed write
+               ) -> Path:
+    "Replace `path` with `data` atomically: a temporary file opened `O_EXCL | O_NOFOLLOW`, fsync, rename; never through a link."
+    path = _target(path, fix)
+    tmp = _stage(path, [data] if isinstance(data, (bytes, bytearray, memoryview)) else data, fix)
+    try: os.replace(tmp, path)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError): raise _os_error(path, e, "write", fix) from None
+        raise
     _sync_folder(path.parent)
     return path
+
+# %% ../nbs/08e_files.ipynb #4c6fb5ac
+def write_together(files: dict, # {path: bytes} of files that are only right together
+                   seal=None, # the one of `files` whose presence says the set is whole: removed first, replaced last
+                   fix: str = "choose another output", # the end of the message of a failed write
+                  ) -> list[Path]:
+    "Write every file beside its target, then rename them all over the old ones (`seal` last): a full disk leaves the old set whole."
+    targets = {_target(p, fix): d for p, d in files.items()}
+    seal, staged = None if seal is None else Path(seal), {}
+    try:
+        for p, d in targets.items(): staged[p] = _stage(p, [d], fix)   # a full disk stops here: nothing was replaced
+        p = seal
+        try:
+            if seal is not None: seal.unlink(missing_ok=True)   # from here to the last rename the set reads as incomplete
+            for p in sorted(staged, key=lambda p: p == seal): os.replace(staged[p], p); del staged[p]   # the seal last
+        except OSError as e: raise _os_error(p, e, "replace", fix) from None
+    finally:
+        for t in staged.values(): t.unlink(missing_ok=True)
+    for folder in {p.parent for p in targets}: _sync_folder(folder)
+    return list(targets)
 
 # %% ../nbs/08e_files.ipynb #b46a0711
 def _finite(v):
@@ -226,14 +263,11 @@ def write_folder(folder, # the folder to (re)write, created if missing
                  files: dict, # {file name: bytes}
                  fix: str = "choose another output folder", # the end of the message of a failed write
                 ) -> Path:
-    "Write each of `files` atomically, then `manifest.json` (size and SHA-256 of each): the folder is whole once it exists."
+    "`write_together` the `files` and `manifest.json` (size and SHA-256 of each) as its seal: the old folder stays whole until the new one is."
     folder = check_folder(folder, fix)
-    for name in (*files, MANIFEST): _no_link(folder/name)
-    try: (folder/MANIFEST).unlink(missing_ok=True)   # from here until the end the folder reads as incomplete
-    except OSError as e: raise _os_error(folder/MANIFEST, e, "remove", fix) from None
-    for name, data in files.items(): write_bytes(folder/name, data, fix)
     entries = {n: dict(bytes=len(d), sha256=_sha256(d)) for n, d in files.items()}
-    write_json(folder/MANIFEST, dict(version=1, files=entries), indent=1, fix=fix)
+    manifest = (to_json(dict(version=1, files=entries), indent=1) + "\n").encode()
+    write_together({**{folder/n: d for n, d in files.items()}, folder/MANIFEST: manifest}, folder/MANIFEST, fix)
     return folder
 
 # %% ../nbs/08e_files.ipynb #2319ee36

@@ -18,8 +18,8 @@ from .files import (FileError, MANIFEST, write_folder, read_folder, read_bytes, 
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['KINDS', 'METRICS', 'INDEX_BOUNDS', 'INDEX_FILES', 'MAX_DIM', 'INDEX_SCHEMA', 'check_index_settings', 'Index',
-           'check_index_out', 'index_images', 'check_index_model', 'search_images', 'plot_search']
+__all__ = ['KINDS', 'METRICS', 'INDEX_BOUNDS', 'MAX_NORM', 'INDEX_FILES', 'MAX_DIM', 'INDEX_SCHEMA', 'check_index_settings',
+           'Index', 'check_index_out', 'index_images', 'check_index_model', 'search_images', 'plot_search']
 
 # %% ../nbs/12a_nn_index.ipynb #41e70925
 KINDS, METRICS = get_args(IndexKind), get_args(IndexMetric)
@@ -63,10 +63,14 @@ class Index:
     def __repr__(self): return f"Index({len(self)} vectors, dim={self.dim}, metric={self.metric!r}, kind={self.kind!r})"
 
 # %% ../nbs/12a_nn_index.ipynb #da29cd7d
+MAX_NORM = 1e18   # the largest embedding norm an index takes: its square, with faiss's sums, stays within float32
+
 def _as_matrix(x, dim: int) -> np.ndarray:
     x = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
     if x.ndim != 2 or x.shape[1] != dim: raise ValueError(f"expected embeddings of shape (n, {dim}), got {x.shape}")
     if not np.isfinite(x).all(): raise ValueError("embeddings hold NaN or infinite values")
+    if len(x) and (top := float(np.sqrt(np.einsum("ij,ij->i", x.astype(np.float64), x.astype(np.float64)).max()))) > MAX_NORM:   # faiss's IVF k-means aborts the process on them
+        raise ValueError(f"embeddings of norm up to {top:.3g}: above {MAX_NORM:g}, their squared distances overflow faiss's 32-bit floats")
     return x
 
 @patch

@@ -16,7 +16,7 @@ from PIL import Image, UnidentifiedImageError
 from .registry import DATASETS, check_choice, quote, CheckpointName
 from .data.core import build_split, preprocessing_spec, check_evaluation, RUN_RECORD, dataset_protocol
 from .train import TrainConfig, ConfigError, Trainer, _load_registries
-from .files import FileError, read_json, check_output, check_folder, write_bytes, write_text
+from .files import FileError, read_json, check_output, check_folder, write_bytes, write_text, write_together
 from .checkpoint import load_states
 
 
@@ -290,8 +290,11 @@ def recorded_paths_only(cfg: TrainConfig, # the evaluation's configuration, part
 def run_progress(run_dir, # a training run's output folder
                 ) -> dict:
     "The epoch the run's last checkpoint holds, the epochs it was configured for, and whether training finished."
-    state = _read_checkpoint(checkpoint_file(run_dir, "last"))
-    epoch, epochs = int(state["epoch"]), int(state["config"]["epochs"])
+    from dml_book.checkpoint import check_state, CheckpointError
+    path = checkpoint_file(run_dir, "last"); state = check_state(path, _read_checkpoint(path), {}, dict(epoch=int, config=dict))
+    epoch, epochs = state["epoch"], state["config"].get("epochs")
+    if not (type(epochs) is int and 0 <= epoch <= epochs):   # the stored run's length, and its epoch within it
+        raise CheckpointError(f"checkpoint {path}: epoch {epoch} of epochs={quote(epochs)} is not a place in a run; train it again, or restore the run's own file")
     return dict(epoch=epoch, epochs=epochs, finished=epoch >= epochs)
 
 # %% ../nbs/12_inference.ipynb #e6736774
@@ -315,13 +318,12 @@ def save_embeddings(file, # .npz, or .npy (paths go to <name>.paths.txt)
                     embeddings: np.ndarray, # (N, D) embeddings
                     paths, # the N image paths
                    ) -> list[Path]: # the files written
-    "Write embeddings and their image paths to `file`, each file atomically; a .npy last, after its paths file."
+    "Write embeddings and their image paths to `file`, written beside the old ones first (`write_together`), a .npy last."
     f, paths = Path(file), [str(p) for p in paths]
     if len(paths) != len(embeddings): raise ValueError(f"{len(embeddings)} embeddings but {len(paths)} paths")
     check_embeddings_out(f, paths); check_folder(f.parent, "choose another --out")
     buf = io.BytesIO()
     if f.suffix.lower() == ".npz":
         np.savez(buf, embeddings=embeddings, paths=np.asarray(paths, dtype=str)); return [write_bytes(f, buf.getvalue())]
-    f.unlink(missing_ok=True)   # until the new .npy is written, there is no pair to misread
-    txt = write_text(f.with_suffix(".paths.txt"), "".join(p + "\n" for p in paths))
-    np.save(buf, embeddings); return [write_bytes(f, buf.getvalue()), txt]
+    np.save(buf, embeddings)   # the .npy is the pair's seal: gone while the two are swapped in, back last
+    return write_together({f: buf.getvalue(), f.with_suffix(".paths.txt"): "".join(p + "\n" for p in paths).encode()}, f, "choose another --out")

@@ -37,10 +37,12 @@ def collapse_reason(losses: list, # the run's logged training losses, oldest fir
                     window: int = COLLAPSE["window"], # logged steps a loss must stay constant over
                     tolerance: float = COLLAPSE["tolerance"], # relative width of a constant loss
                    ) -> str | None:
-    "Why the run has stopped learning (a sentence), or None while it learns; a run of fewer than `window` logged steps is not judged."
-    if len([v for v in losses if v is not None]) < window: return None   # one step of a large network can sit near one point
-    if emb is not None and len(emb) > 1 and (s := embedding_spread(emb)) < min_spread:
+    "Why the run has stopped learning (a sentence), or None while it learns; fewer than `window` logged steps: only a collapse at chance."
+    long = len([v for v in losses if v is not None]) >= window
+    if emb is not None and len(emb) > 1 and (s := embedding_spread(emb)) < min_spread and (   # a few steps of a large network can sit near one point
+            long or s == 0 or recall is not None and labels is not None and recall < 2 * chance_recall(labels)):   # ... but rank better than chance
         return f"the test embeddings collapsed to one point (spread {s:.2g}, below {min_spread:g})"
+    if not long: return None
     tail = [float(v) for v in losses[-window:] if v is not None]
     if len(tail) < window or recall is None or labels is None: return None
     if max(tail) - min(tail) <= tolerance * max(1.0, abs(tail[-1])) and recall < 2 * (chance := chance_recall(labels)):

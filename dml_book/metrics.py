@@ -19,8 +19,8 @@ from .registry import check_choice
 # %% auto #0
 __all__ = ['Distance', 'DISTANCES', 'Metric', 'METRICS', 'as_embeddings', 'as_labels', 'prepare', 'gpu_available', 'gpu_ids',
            'shard_gallery', 'search_shards', 'knn_chunks', 'knn', 'first_hit', 'average_precision_at_r',
-           'same_class_pairs', 'count_ahead', 'count_ahead_knn', 'kmeans_assign', 'contingency', 'nmi', 'pairwise_f1',
-           'evaluate']
+           'same_class_pairs', 'count_ahead', 'count_ahead_knn', 'exact_rescale', 'kmeans_assign', 'contingency', 'nmi',
+           'pairwise_f1', 'evaluate']
 
 # %% ../nbs/06_metrics.ipynb #6d030470
 def as_embeddings(x, # (N, D) array or tensor
@@ -59,9 +59,10 @@ def prepare(x: np.ndarray, # (N, D) float32 embeddings
     "Embeddings as faiss compares them: unchanged for Euclidean, L2-normalised for cosine."
     _check_distance(distance)
     if distance == "euclidean": return x
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    with np.errstate(over="ignore"): norms = np.linalg.norm(x, axis=1, keepdims=True)
+    if not np.isfinite(norms).all(): norms = np.linalg.norm(x.astype(np.float64), axis=1, keepdims=True)   # finite entries whose squares overflow
     if (norms == 0).any(): raise ValueError(f"cosine distance is undefined for {int((norms == 0).sum())} all-zero embeddings")
-    return np.ascontiguousarray(x / norms)
+    return np.ascontiguousarray(x / norms, dtype=np.float32)
 
 def gpu_available() -> bool:
     "Whether this faiss build has GPU support and sees a GPU."
@@ -329,6 +330,14 @@ def count_ahead_knn(q: torch.Tensor,      # (Q, D) queries, as `prepare` returns
     return count, D, I
 
 # %% ../nbs/06_metrics.ipynb #fa9b9334
+def exact_rescale(x: np.ndarray, # (N, D) finite float32 points
+                  m: float | None = None, # the largest entry to scale for (another matrix compared with `x` too); None: `x`'s
+                 ) -> np.ndarray:
+    "`x` times the power of two that brings its largest entry into [1, 2), when it lies outside [2**-32, 2**32]; else `x` itself."
+    m = (float(np.abs(x).max()) if x.size else 0.0) if m is None else m
+    if m == 0 or 2.0**-32 <= m <= 2.0**32: return x
+    return x * np.float32(2.0 ** -np.floor(np.log2(m)))   # a power of two: every product exact, the clusters unchanged
+
 def kmeans_assign(x,                          # (N, D) points
                   n_clusters: int,            # number of centroids
                   niter: int = 20,            # Lloyd iterations per run
@@ -337,7 +346,7 @@ def kmeans_assign(x,                          # (N, D) points
                   gpus: str | int | Sequence[int] | None = "all",  # as in `knn_chunks`
                  ) -> np.ndarray:
     "Cluster index of each row of `x` after faiss k-means with `n_clusters` centroids."
-    x, devices = as_embeddings(x), gpu_ids(gpus)
+    x, devices = exact_rescale(as_embeddings(x)), gpu_ids(gpus)
     if not 1 <= n_clusters <= len(x): raise ValueError(f"cannot make {n_clusters} clusters of {len(x)} points")
     km = faiss.Kmeans(x.shape[1], n_clusters, niter=niter, nredo=nredo, seed=seed, verbose=False,
                       min_points_per_centroid=1)
@@ -485,6 +494,9 @@ def evaluate(embeddings,                       # (N, D) test embeddings (the que
     n_gal = len(q) - 1 if g is None else len(g)
     if "R@K" in metrics and not 1 <= ks[0] <= ks[-1] <= n_gal:
         raise ValueError(f"every K in ks={ks} must be between 1 and the gallery size {n_gal}")
+    if distance == "euclidean":   # one exact factor for both: the ranking is the same, and no squared distance overflows
+        m = max(float(np.abs(q).max()), float(np.abs(g).max()) if g is not None else 0.0)
+        q, g = exact_rescale(q, m), None if g is None else exact_rescale(g, m)
     out = {}
     if {"R@K", "MAP@R", "R-Precision"} & set(metrics):
         out = _retrieval(q, ql, g, gl if g is not None else ql, ks, metrics, distance, max_memory=max_memory,

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from .registry import MINERS
+from .losses.base import finite_numbers
 from .distances import check_batch, euclidean, squared_euclidean, pair_masks
 from fastcore.basics import patch
 
@@ -23,6 +24,9 @@ class Miner:
     "Base of the miners: `miner(embeddings, labels) -> (a, p, n)`, computed without gradient."
     def __init__(self, normalize: bool = True): # L2-normalise the embeddings before mining (as PML's distances do)
         self.normalize = normalize
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw); finite_numbers(cls)   # a NaN margin or cutoff is refused at construction
 
     def __call__(self, embeddings: Tensor, # (B, D) embeddings
                  labels: Tensor, # (B,) integer labels

@@ -6,18 +6,19 @@ Docs: https://dml-book.github.io/dml_book/pretrain.html.md"""
 
 # %% ../nbs/13_pretrain.ipynb #d13f2534
 from __future__ import annotations
-import hashlib, json, math, os, time
+import hashlib, io, json, math, os, time
 from dataclasses import dataclass, asdict
 from pathlib import Path
 import numpy as np, matplotlib, torch, torch.nn as nn, torch.nn.functional as F
 from .data.builtin import cache_dir
 from .data.glyph_pretrain import GlyphPretrain, XL_CLASSES, check_disjoint, backbone_record   # the record's reader lives with the data it guards
 from .models import SmallCNN, build_model
-from .registry import check_choice
+from .registry import check_choice, ConfigError
+from .files import write_together
 
 # %% auto #0
-__all__ = ['PretrainConfig', 'accuracy', 'pretrain', 'backbone_path', 'pretrained_backbone', 'pretrain_record', 'zero_shot',
-           'plot_pretraining']
+__all__ = ['PretrainConfig', 'accuracy', 'pretrain_data', 'pretrain', 'backbone_path', 'pretrained_backbone', 'pretrain_record',
+           'zero_shot', 'plot_pretraining']
 
 # %% ../nbs/13_pretrain.ipynb #8d9fffb5
 @dataclass(frozen=True)
@@ -68,6 +69,17 @@ def _epoch(net, opt, sched, x, y, order, cfg: PretrainConfig, steps: int, curve:
             curve.append(dict(step=step0 + s + 1, loss=float(np.mean(window)))); window = []
     return hits / seen
 
+# %% ../nbs/13_pretrain.ipynb #0ada7b6f
+def pretrain_data(cfg: PretrainConfig, # the pretraining
+                 ) -> dict:
+    "The `GlyphPretrain` arguments of `cfg`, checked against the dataset's annotations and `kwarg_bounds` (a `ConfigError` naming the first outside)."
+    from dml_book.config import check_dataset_kwargs, MAX_BATCH
+    kw = dict(n_classes=cfg.n_classes, skip=cfg.skip, images=cfg.images, held_out=cfg.held_out, size=cfg.size, strength=cfg.strength)
+    check_dataset_kwargs("glyphs_pretrain", GlyphPretrain, {k: kw[k] for k in ("images", "held_out", "size", "strength")})   # before a render that would not end
+    # (n_classes and skip: `pretrain_code_points`, against the fonts' code points)
+    if not 1 <= cfg.batch_size <= MAX_BATCH: raise ConfigError(f"batch_size={cfg.batch_size}: expected 1 to {MAX_BATCH} images per step")
+    return kw
+
 # %% ../nbs/13_pretrain.ipynb #62d7b118
 def pretrain(cfg: PretrainConfig = PretrainConfig(), # the pretraining
              root=None, # cache folder of the images; None: `cache_dir()`
@@ -75,7 +87,7 @@ def pretrain(cfg: PretrainConfig = PretrainConfig(), # the pretraining
             ) -> tuple[SmallCNN, dict]:
     "The study's `SmallCNN` trained with a softmax classifier over the pretraining classes: the backbone and its record."
     torch.manual_seed(cfg.seed)
-    kw = dict(n_classes=cfg.n_classes, skip=cfg.skip, images=cfg.images, held_out=cfg.held_out, size=cfg.size, strength=cfg.strength)
+    kw = pretrain_data(cfg)
     x, y = _tensors(GlyphPretrain(root, "train", **kw))
     xt, yt = _tensors(GlyphPretrain(root, "test", **kw)) if cfg.held_out else (None, None)
     backbone = SmallCNN(1); net = nn.Sequential(backbone, nn.Linear(backbone.feature_dim, int(y.max()) + 1)).train()
@@ -110,9 +122,9 @@ def pretrained_backbone(cfg: PretrainConfig = PretrainConfig(), # the pretrainin
     path = backbone_path(cfg, root)
     if path.exists() and path.with_suffix(".json").exists(): return path
     backbone, record = pretrain(cfg, root, progress)
-    path.parent.mkdir(parents=True, exist_ok=True); tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    path.with_suffix(".json").write_text(json.dumps(record, indent=1))
-    torch.save(backbone.state_dict(), tmp); os.replace(tmp, path)
+    path.parent.mkdir(parents=True, exist_ok=True); buf = io.BytesIO(); torch.save(backbone.state_dict(), buf)
+    write_together({path.with_suffix(".json"): json.dumps(record, indent=1).encode(), path: buf.getvalue()}, path,   # the weights last
+                   f"choose another cache folder than {path.parent}")
     return path
 
 def pretrain_record(path: str | Path, # a file `pretrained_backbone` wrote

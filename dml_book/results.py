@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/results.html.md"""
 
 # %% ../nbs/11_results.ipynb #a2aff534
 from __future__ import annotations
-import json, math
+import json, math, os
 from pathlib import Path
 import numpy as np, pandas as pd
 from .registry import check_choice
@@ -382,7 +382,7 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
                    out_dir: str | None = None, # where runs and the executed notebook go (default: the notebook's)
                    kernel: str = "python3", # Jupyter kernel to execute with
                    progress: bool = True) -> Path: # show papermill's progress bar
-    "Execute an experiment notebook with papermill; the path of the executed notebook, saved beside the results."
+    "Execute an experiment notebook with papermill; the path of the executed notebook, saved beside the results (a failed one: `<name>.failed.ipynb`)."
     import papermill as pm, yaml
     path = find_experiment(name)
     declared = notebook_parameters(path, kernel)
@@ -393,6 +393,10 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
     params = coerce_parameters(declared, given)
     out = Path(params.get("out_dir", declared["out_dir"]["default"])).resolve()
     params["out_dir"] = str(out); out.mkdir(parents=True, exist_ok=True)
-    executed = out/f"{path.stem}.ipynb"
-    pm.execute_notebook(str(path), str(executed), parameters=params, kernel_name=kernel, progress_bar=progress)
+    executed, part = out/f"{path.stem}.ipynb", out/f".{path.stem}.{os.getpid()}.ipynb"   # written beside the previous one, swapped in when whole
+    try: pm.execute_notebook(str(path), str(part), parameters=params, kernel_name=kernel, progress_bar=progress)
+    except BaseException:   # a failed cell, a full disk, Ctrl-C: the previous executed notebook stays; the cells run so far go aside
+        if part.exists(): part.replace(out/f"{path.stem}.failed.ipynb")
+        raise
+    part.replace(executed)
     return executed

@@ -20,7 +20,10 @@ __all__ = ['class_index', 'draw', 'ddp_share', 'ClassBalancedBatchSampler', 'Epi
 def class_index(labels, # (N,) class label of each dataset item
                ) -> list[np.ndarray]:
     "Dataset indices grouped by label, labels in increasing order (for contiguous labels: `[c]` holds `labels == c`)."
-    labels = np.asarray(labels.cpu() if torch.is_tensor(labels) else labels).astype(np.int64).reshape(-1)
+    labels = np.asarray(labels.cpu() if torch.is_tensor(labels) else labels).reshape(-1)
+    if len(labels) and not np.issubdtype(labels.dtype, np.integer):   # a cast would truncate 1.5 into class 1
+        raise TypeError(f"labels must be integers (as the losses and metrics take them), got dtype {labels.dtype}")
+    labels = labels.astype(np.int64)
     order = np.argsort(labels, kind="stable")
     _, starts = np.unique(labels[order], return_index=True)
     return [g for g in np.split(order, starts[1:])] if len(labels) else []

@@ -13,15 +13,15 @@ from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 from fastprogress.fastprogress import progress_bar
 from fastcore.basics import patch
-from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice
+from .registry import DATASETS, LOSSES, MINERS, METHODS, check_choice, quote
 from .data.core import (LabelledSubset, build_split, preprocessing_spec, Decoder, check_evaluation, record_training_split,
                                 dataset_protocol, RUN_RECORD)
 from .models import build_model, Head
 from .methods.base import Method, batch_loss_output, declared_activity, log_frames
 from .samplers import ClassBalancedBatchSampler
-from .checkpoint import write_checkpoint, read_checkpoint, check_state
+from .checkpoint import write_checkpoint, read_checkpoint, check_state, check_optimizer, CheckpointError
 from .files import FileError, to_json, write_json, write_text, append_line, open_lock, check_folder, refuse_links
-from .config import ConfigError, check_config, check_own_loss, OptimizerName, LRSchedule, LRStepPer, Precision
+from .config import ConfigError, check_config, check_own_loss, OptimizerName, LRSchedule, LRStepPer, Precision, FIELD_CHECKS
 from .losses.base import NonFiniteError
 from .distributed import (init_distributed, gather_batch, sync_optimizer, broadcast_state, shard,
                                   gather_shards, on_main)
@@ -29,8 +29,8 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
 # %% auto #0
 __all__ = ['RUN_FILES', 'TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'schedule_factor',
            'build_scheduler', 'Trainer', 'resolve_workers', 'channels_last_collate', 'bf16_units', 'resolve_precision',
-           'precision_view', 'TrainingDiverged', 'TrainingCollapsed', 'environment', 'select_epoch', 'lock_out',
-           'train']
+           'precision_view', 'check_progress', 'TrainingDiverged', 'TrainingCollapsed', 'environment', 'select_epoch',
+           'lock_out', 'train']
 
 # %% ../nbs/08_train.ipynb #a4fa698a
 @dataclass
@@ -498,6 +498,32 @@ def save_checkpoint(self: Trainer):
                  scheduler=self.scheduler.state_dict() if self.scheduler else None, scaler=self.scaler.state_dict())
     write_checkpoint(state, self.out/"checkpoint.pt")
 
+# %% ../nbs/08_train.ipynb #0b4892f7
+_NUMERIC = re.compile(r"(val_)?(R@\d+|NMI|F1|MAP@R|R-Precision|mAP|CMC@\d+)|loss|train_loss")   # a log record's values that are numbers
+
+def _log_record(r) -> bool:
+    "Whether `r` is a record of the log: its kind, epoch and step of their types, every metric a number or None."
+    return (isinstance(r, dict) and r.get("kind") in ("step", "epoch") and all(isinstance(r.get(k), int) and not isinstance(r.get(k), bool)
+            and r[k] >= 0 for k in ("epoch", "step")) and all(v is None or isinstance(v, (int, float)) and not isinstance(v, bool)
+            for k, v in r.items() if isinstance(k, str) and _NUMERIC.fullmatch(k)))
+
+def check_progress(path, # the checkpoint file, for the messages
+                   state: dict, # a checkpoint whose epoch, step, config and history have their types (`check_state`)
+                   cfg: TrainConfig, # the run about to resume from it
+                  ):
+    "Refuse a checkpoint whose configuration values lack their types, whose epoch lies outside its run or past `cfg.epochs`, or whose history is not the log of its epochs."
+    fix = "train it again, or restore the run's own file"
+    for k, v in state["config"].items():
+        if k in FIELD_CHECKS and not FIELD_CHECKS[k][0](v): raise CheckpointError(f"checkpoint {path}: config.{k}={quote(v)} is invalid: expected {FIELD_CHECKS[k][1]}; {fix}")
+    e, n = state["epoch"], state["config"].get("epochs", cfg.epochs)
+    if not 0 <= e <= n or state["step"] < 0: raise CheckpointError(f"checkpoint {path}: epoch {e} (step {state['step']}) lies outside its run of {n} epochs; {fix}")
+    bad = next((i for i, r in enumerate(state["history"]) if not _log_record(r)), None)
+    if bad is not None: raise CheckpointError(f"checkpoint {path}: history[{bad}]={quote(state['history'][bad])} is not a record of the log; {fix}")
+    ends = [r["epoch"] for r in state["history"] if r["kind"] == "epoch"]
+    if ends != list(range(e + 1)) and not (e == 0 and not ends): raise CheckpointError(f"checkpoint {path}: its history records epochs {quote(ends)}, not 0 to {e}; {fix}")
+    if e > cfg.epochs: raise ConfigError(f"{path} holds epoch {e} of {n}, past epochs={cfg.epochs}: the run would be reported as {cfg.epochs} epochs "
+                                         f"that trained {e}; set epochs to {e} or more to continue it, or choose another output folder")
+
 # %% ../nbs/08_train.ipynb #989b1216
 _RUN_KEYS = ("out", "data_root", "epochs", "device", "num_workers", "progress", "umap", "eval_every",   # may differ on resume
              "pin_memory", "persistent_workers", "prefetch_factor", "decoder", "channels_last", "compile", "allow_collapse")
@@ -509,12 +535,14 @@ def load_checkpoint(self: Trainer,
     "Restore everything `save_checkpoint` wrote; refuse a checkpoint of a different configuration."
     state = read_checkpoint(path, map_location=self.device)
     check_state(path, state, {}, dict(epoch=int, step=int, config=dict, history=list))   # the fields read below, each of its type
+    check_progress(path, state, self.cfg)   # its configuration's types, its epoch within its run and this one, its history
     mine, theirs, default = asdict(self.cfg), state["config"], asdict(TrainConfig())   # a field newer than the checkpoint: its default
     diff = [k for k in mine if k not in _RUN_KEYS and json.dumps(mine[k]) != json.dumps(theirs.get(k, default[k]))]
     if self.cfg.lr_schedule in ("cosine", "half_exp") and mine["epochs"] != theirs["epochs"]: diff.append("epochs, which sets the length of the lr_schedule")
     if diff: raise ConfigError(f"{path} was written by a different configuration (differs in: {', '.join(diff)}); "
                                f"choose another output folder")
-    check_state(path, state, {"model": self.model, "method": self.method, "loss": self.loss_fn})   # keys and shapes: one line, not a traceback
+    check_state(path, state, {"model": self.model, "method": self.method, "loss": self.loss_fn})   # keys, shapes, finite: one line, not a traceback
+    check_optimizer(path, state.get("optimizer"), self.optimizer)   # Adam's averages of this network's shapes
     self.model.load_state_dict(state["model"]); self.optimizer.load_state_dict(state["optimizer"])
     self.loss_fn.load_state_dict(state["loss"]); self.method.load_state_dict(state["method"])
     if self.scheduler: self.scheduler.load_state_dict(state["scheduler"])

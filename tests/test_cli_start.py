@@ -47,3 +47,15 @@ def test_train_shows_no_progress_bars_in_a_redirected_log(tmp_path):
     assert "untrained" in r.stdout and "%" not in r.stdout and "\r" not in r.stdout, r.stdout
     import json
     assert json.loads((tmp_path/"run"/"metrics.json").read_text())["config"]["progress"] is False
+
+
+def test_usage_errors_are_one_line():
+    "argparse's usage errors as every other error: `dml-book: error: ...`, one line, exit 2 (before: usage lines, then the error)."
+    for argv, fragment in [(["nope"], "argument command: invalid choice: 'nope'"), ([], "the following arguments are required: command"),
+                           (["evaluate"], "the following arguments are required: run_dir"),
+                           (["search", "ix", "q.png", "-k", "0"], "argument -k: must be a positive integer, not '0'"),
+                           (["embed", "run", "x", "--out", "e.npz", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+                           (["tune", "ala", "--jobs", "x" * 5000], "argument --jobs")]:
+        rc, err, torch_loaded = run_cli(*argv)
+        assert rc == 2 and err.startswith("dml-book: error: ") and err.count("\n") == 1 and fragment in err, (argv, err)
+        assert "usage:" not in err and len(err) <= 2001 and not torch_loaded, (argv, err)

@@ -1,7 +1,7 @@
 "Faults a careful user or a hostile file meets: crafted, damaged and half-written checkpoints, bad settings, NaN, a shared output folder."
 import errno, hashlib, io, json, os, subprocess, sys
 from pathlib import Path
-import pytest, torch
+import numpy as np, pytest, torch
 from dml_book.checkpoint import MAGIC, CheckpointError, read_checkpoint, write_checkpoint
 import dml_book.losses, dml_book.miners  # noqa: F401  (fill the registries)
 from dml_book.registry import LOSSES, MINERS
@@ -76,7 +76,7 @@ BAD_SETTINGS = {  # field: (command-line flags, a fragment of the one-line error
     "data_root": (["--dataset", "cub200"], "needs --data-root"),
     "dataset_kwargs": (["--dataset-kwargs", '{"sizee": 3}'], "does not take dataset_kwargs"),
     "transform": (["--transform", "retrieval227"], "leave transform unset"),
-    "image_size": (["--image-size", "8"], "image_size=8 is invalid: expected a whole number of pixels, at least 16, or None"),
+    "image_size": (["--image-size", "8"], "image_size=8 is invalid: expected a whole number of pixels from 16 to 8192, or None"),
     "backbone": (["--backbone", "resnet19"], "unknown backbone 'resnet19'"),
     "embedding_dim": (["--embedding-dim", "0"], "embedding_dim=0 is invalid"),
     "head": (["--head", "mlp"], "head='mlp' is invalid"),
@@ -230,3 +230,182 @@ def test_a_missing_dataset_is_one_line_naming_where_it_looked_and_how_to_fetch(t
 def test_one_line_joins_a_layout_after_its_colon():
     from dml_book.cli import one_line
     assert one_line("missing x; the layout is:\n  a/{b, c}\npass download=True") == "missing x; the layout is: a/{b, c}; pass download=True"
+
+
+# --- the library checks its inputs as the CLI does (issue 62) -----------------------------------------------------------
+
+def _float_params(cls) -> list[str]:
+    "The constructor arguments of `cls` annotated as numbers (a margin, a scale, a cutoff)."
+    import inspect
+    return [n for n, p in inspect.signature(cls).parameters.items() if "float" in str(p.annotation)]
+
+
+@pytest.mark.parametrize("kind, name", [("loss", n) for n in LOSSES.names()] + [("miner", n) for n in MINERS.names()])
+def test_a_nan_or_infinite_number_argument_is_refused_by_the_library(kind, name):
+    "Before: `TripletLoss(margin=nan)` was built and gave a NaN loss (the CLI refused it; the library did not)."
+    cls = (LOSSES if kind == "loss" else MINERS).get(name)
+    base = dict(num_classes=4, embedding_size=6) if getattr(cls, "uses_proxies", False) else {}
+    params = _float_params(cls)
+    if not params: pytest.skip(f"{kind} {name!r} takes no number")
+    for p in params:
+        for bad in (float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=f"{p}={bad} is not a finite number"): cls(**base, **{p: bad})
+
+
+def test_margins_from_the_library_match_the_cli():
+    "A finite margin still builds (the same loss as before), and the CLI's own check reads the same signature."
+    from dml_book.config import check_kwargs, ConfigError
+    assert LOSSES.get("triplet")(margin=0.3).margin == 0.3 and MINERS.get("semihard")(margin=0.1).margin == 0.1
+    with pytest.raises(ConfigError, match="expects a number"): check_kwargs("loss", "triplet", LOSSES.get("triplet"), {"margin": float("nan")})
+
+
+@pytest.mark.parametrize("weights, error, says", [
+    ([1., float("nan"), 1., 1.], "NonFiniteError", "weights hold NaN or infinite values"),
+    ([1., float("inf"), 1., 1.], "NonFiniteError", "weights hold NaN or infinite values"),
+    ([1., -0.5, 1., 1.], "ValueError", "weights must be non-negative (got -0.5)")])
+def test_bad_tuple_weights_are_refused(weights, error, says):
+    "Before: NaN weights gave a NaN loss, negative ones a negative loss, without a word."
+    from dml_book.losses.base import NonFiniteError
+    e, y = torch.nn.functional.normalize(torch.randn(4, 6), dim=1), torch.tensor([0, 0, 1, 1])
+    a, p, n = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 0, 3, 2]), torch.tensor([2, 3, 0, 1])
+    loss = LOSSES.get("triplet")(margin=0.2)
+    good = loss(e, y, (a, p, n), weights=torch.tensor([1., 1., 1., 0.]))
+    assert torch.isclose(good, loss(e, y, (a[:3], p[:3], n[:3])))   # weights still weigh: w=0 drops a triplet
+    with pytest.raises(NonFiniteError if error == "NonFiniteError" else ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        loss(e, y, (a, p, n), weights=torch.tensor(weights))
+
+
+def test_float_labels_are_refused_by_the_samplers():
+    "Before: labels [0, 0.5, 1.7, ...] were cast to int64, so 0.5 joined class 0 and 1.7 class 1 without a word."
+    from dml_book.samplers import ClassBalancedBatchSampler, class_index
+    with pytest.raises(TypeError, match="labels must be integers .* got dtype float64"):
+        ClassBalancedBatchSampler(np.array([0., 0.5, 1., 1.7] * 4), batch_size=4, m_per_class=2)
+    with pytest.raises(TypeError, match="got dtype float32"): class_index(torch.tensor([0., 1.]))
+    assert [g.tolist() for g in class_index(np.array([1, 0, 1], dtype=np.int32))] == [[1], [0, 2]]
+
+
+HUGE_KMEANS = """
+import numpy as np
+from dml_book.metrics import kmeans_assign, evaluate
+rng = np.random.default_rng(0)
+x = np.r_[rng.normal(0, 1, (30, 4)), rng.normal(9, 1, (30, 4))].astype(np.float32); y = np.repeat([0, 1], 30)
+c = kmeans_assign(x * np.float32(1e30), 2, gpus=None)
+assert (c == kmeans_assign(x, 2, gpus=None)).all()
+print(evaluate(x * np.float32(1e30), y, gpus=None) == evaluate(x, y, gpus=None))
+"""
+
+def test_huge_finite_embeddings_do_not_abort_faiss_kmeans():
+    "Before: entries of 1e30 made faiss's k-means abort the process (SIGABRT, beyond any try); now the same clusters and metrics."
+    r = subprocess.run([sys.executable, "-c", HUGE_KMEANS], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "True", (r.returncode, r.stderr[-500:])
+
+
+def test_an_index_refuses_embeddings_whose_squares_overflow():
+    "Before: an IVF index of such embeddings aborted the process in faiss's k-means; now a ValueError naming the bound."
+    from dml_book.index import Index, MAX_NORM
+    x = np.random.default_rng(0).normal(size=(80, 4)).astype(np.float32)
+    with pytest.raises(ValueError, match="above 1e\\+18, their squared distances overflow"):
+        Index.build(x * np.float32(1e30), list(map(str, range(80))), kind="ivf", nlist=2)
+    assert len(Index.build(x * np.float32(MAX_NORM / 10), list(map(str, range(80))), kind="ivf", nlist=2)) == 80
+
+
+# --- a checkpoint's content, checked as a whole (issue 62) ---------------------------------------------------------------
+
+def _main(*argv):
+    "`dml-book ARGV` in this process: exit code and stderr (a traceback fails the test)."
+    import contextlib
+    from dml_book.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()): code = main(list(map(str, argv)))
+    return code, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory):
+    "A finished two-epoch run on digits (its checkpoint.pt at epoch 2)."
+    out = tmp_path_factory.mktemp("ckpt")/"run"
+    assert _main("train", *FAST[:-5], "2", *FAST[-4:], "--out", out)[0] == 0
+    return out
+
+
+def _altered(run: Path, tmp_path: Path, change) -> Path:
+    "A copy of `run` whose checkpoint.pt is rewritten by `change(state)`, with a valid checksum (as a hand that recomputes it)."
+    import shutil
+    out = Path(shutil.copytree(run, tmp_path/"run")); state = read_checkpoint(out/"checkpoint.pt"); change(state)
+    write_checkpoint(state, out/"checkpoint.pt"); (out/"best.pt").unlink(missing_ok=True)
+    return out
+
+
+def _one_line(code_err, *fragments):
+    code, err = code_err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err and all(f in err for f in fragments), err
+
+
+def test_nan_weights_are_refused_before_embedding(two_epochs, tmp_path):
+    "Before: a checkpoint of NaN weights (valid checksum) evaluated and embedded to NaN with exit 0."
+    def nan(s): s["model"][next(k for k, v in s["model"].items() if v.is_floating_point())].fill_(float("nan"))
+    run = _altered(two_epochs, tmp_path, nan)
+    _one_line(_main("evaluate", run, "--device", "cpu"), "holds NaN or infinite values")
+    _one_line(_main("train", *FAST[:-5], "3", *FAST[-4:], "--out", run), "holds NaN or infinite values")
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda s: s.update(history=[1, 2, 3]), "history[0]=1 is not a record of the log"),
+    (lambda s: s["history"][-1].update({"R@1": "high"}), "is not a record of the log"),
+    (lambda s: s.update(history=s["history"][:1]), "its history records epochs [0], not 0 to 2"),
+    (lambda s: s.update(epoch=7), "epoch 7 (step 4) lies outside its run of 2 epochs"),
+    (lambda s: s.update(step=-1), "lies outside its run"),
+    (lambda s: s["config"].update(epochs="2"), "config.epochs='2' is invalid: expected a positive integer"),
+    (lambda s: s["config"].update(embedding_dim=2.5), "config.embedding_dim=2.5 is invalid"),
+    (lambda s: s["optimizer"]["state"][0].update(exp_avg=torch.zeros(3)), "optimizer.state[0].exp_avg has shape [3] where its parameter has"),
+    (lambda s: s["optimizer"]["state"][0]["exp_avg_sq"].fill_(float("inf")), "optimizer.state[0].exp_avg_sq holds NaN or infinite values"),
+    (lambda s: s["optimizer"].update(param_groups=[]), "optimizer does not hold 2 group(s) of [12, 2] parameters")])
+def test_a_checkpoint_with_a_valid_checksum_and_bad_content_is_one_line(two_epochs, tmp_path, change, says):
+    "Before: each of these resumed into a traceback (history, types, optimizer) or trained a mislabelled run."
+    run = _altered(two_epochs, tmp_path, change)
+    _one_line(_main("train", *FAST[:-5], "3", *FAST[-4:], "--out", run), says)
+    assert json.loads((run/"metrics.json").read_text())["config"]["epochs"] == 2   # nothing rewritten
+
+
+def test_progress_of_a_checkpoint_with_a_string_epoch_count_is_one_line(two_epochs, tmp_path):
+    run = _altered(two_epochs, tmp_path, lambda s: s["config"].update(epochs="2")); (run/"metrics.json").unlink()
+    _one_line(_main("evaluate", run, "--device", "cpu"), "epochs='2'")
+
+
+def test_a_rerun_with_other_epochs_continues_or_is_refused(two_epochs, tmp_path):
+    "Before: --epochs 1 on a finished 2-epoch run wrote metrics.json saying 1 epoch for weights trained 2."
+    import shutil
+    run = Path(shutil.copytree(two_epochs, tmp_path/"run"))
+    _one_line(_main("train", *FAST[:-5], "1", *FAST[-4:], "--out", run), "holds epoch 2 of 2, past epochs=1", "set epochs to 2 or more")
+    assert json.loads((run/"metrics.json").read_text())["config"]["epochs"] == 2
+    assert _main("train", *FAST[:-5], "3", *FAST[-4:], "--out", run)[0] == 0   # more epochs: the run goes on
+    m = json.loads((run/"metrics.json").read_text())
+    assert m["config"]["epochs"] == 3 and [e["epoch"] for e in m["epochs"]] == [0, 1, 2, 3] and read_checkpoint(run/"checkpoint.pt")["epoch"] == 3
+
+
+# --- counts and sizes held to what their consumer can take (issue 62) -----------------------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["train", *FAST, "--num-workers", "100000"], "num_workers=100000: this machine has"),
+    (["train", *FAST, "--batch-size", "1000000"], "batch_size=1000000 is invalid: expected a positive integer, at most 65536"),
+    (["train", *FAST, "--image-size", "100000"], "image_size=100000 is invalid: expected a whole number of pixels from 16 to 8192"),
+    (["tune", "ala", "--jobs", "100000"], "--jobs 100000: this machine has"),
+    (["pretrain", "--images", "100000", "--no-progress"], "dataset 'glyphs_pretrain' takes images from 1 to 256"),
+    (["pretrain", "--held-out", "5000", "--no-progress"], "takes held_out from 0 to 256"),
+    (["pretrain", "--size", "100000", "--no-progress"], "takes size from 8 to 256"),
+    (["pretrain", "--strength", "1e9", "--no-progress"], "takes strength from 0 to 4"),
+    (["pretrain", "--batch-size", "1000000000", "--no-progress"], "batch_size=1000000000: expected 1 to 65536")])
+def test_a_count_past_its_consumer_is_one_line_before_any_work(argv, says, tmp_path):
+    "Before: each was accepted, then forked until the machine gave out, or failed deep inside, or rendered for ever."
+    out = ["--out", tmp_path/"run"] if argv[0] == "train" else ["--results", tmp_path/"results"] if argv[0] == "tune" else ["--cache", tmp_path/"cache"]
+    _one_line(_main(*argv, *out), says)
+    assert not any(tmp_path.iterdir())   # nothing written, nothing rendered
+
+
+def test_a_batch_of_images_past_the_memory_is_refused():
+    from dml_book.config import check_counts, available_memory, MAX_BATCH, ConfigError
+    from dml_book.train import TrainConfig
+    if available_memory() is None: pytest.skip("no /proc/meminfo here")
+    with pytest.raises(ConfigError, match=r"batch_size=65536 images of image_size=8192: one batch needs 49152.0 GiB"):
+        check_counts(TrainConfig(batch_size=MAX_BATCH, image_size=8192))
+    check_counts(TrainConfig(batch_size=64, image_size=224))   # 38.5 MB: fine anywhere

@@ -64,4 +64,4 @@ def test_a_too_small_image_size_is_one_line_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "dml_book.cli", "train", "--dataset", "folder", "--data-root", str(tmp_path),
                         "--image-size", "8", "--out", str(tmp_path/"run")], capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "image_size=8 is invalid: expected a whole number of pixels, at least 16, or None" in r.stderr
+    assert "image_size=8 is invalid: expected a whole number of pixels from 16 to 8192, or None" in r.stderr

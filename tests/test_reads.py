@@ -229,11 +229,11 @@ def test_a_preprocessing_of_another_colour_mode_is_one_line(run, tmp_path):
 # --- settings checked before work ---------------------------------------------------------------------------------------
 
 def usage_error(argv, capsys) -> str:
-    "The last line argparse writes for a bad value (usage lines first), after checking the exit code 2."
+    "The one line argparse writes for a bad value (`UsageParser`), after checking the exit code 2."
     with pytest.raises(SystemExit) as e: main(list(map(str, argv)))
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "Traceback" not in err, err
-    return err.splitlines()[-1]
+    assert e.value.code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    return err
 
 
 @pytest.mark.parametrize("flags, fragment", [
@@ -282,7 +282,14 @@ def test_evaluate_checks_its_dataset_kwargs(run, tmp_path):
     (["--batch-size", "8", "--m-per-class", "8"], "batches of 1 class(es) x 8 image(s): the triplet loss finds no negative"),
     (["--batch-size", "8", "--m-per-class", "1"], "batches of 8 class(es) x 1 image(s): the triplet loss finds no positive"),
     (["--loss", "contrastive", "--batch-size", "4", "--m-per-class", "4"], "the contrastive loss finds no negative"),
-    (["--loss", "margin", "--batch-size", "6", "--m-per-class", "1"], "the margin loss finds no positive")])
+    (["--loss", "margin", "--batch-size", "6", "--m-per-class", "1"], "the margin loss finds no positive"),
+    # issue 62: before, these passed and trained at a loss of exactly 0 (pairs), or on one class per batch (proxies, rows)
+    *[(["--loss", loss, "--batch-size", "8", "--m-per-class", "8"], f"batches of 1 class(es) x 8 image(s): the {loss} loss finds no negative")
+      for loss in ("npair", "angular", "lifted", "multisimilarity", "proxyanchor", "proxynca", "normsoftmax")],
+    *[(["--loss", loss, "--batch-size", "8", "--m-per-class", "1"], f"the {loss} loss finds no positive") for loss in ("npair", "angular", "lifted", "multisimilarity")],
+    (["--method", "ala", "--m-per-class", "1"], "method ALA draws batches of 120 class(es) x 1 image(s): the triplet loss finds no positive"),
+    (["--method", "dmml", "--method-kwargs", '{"n_classes": 1}'], "method DMML draws batches of 1 class(es)"),
+    (["--method", "episodes", "--method-kwargs", '{"n_classes": 1}'], "method EpisodeBaseline draws batches of 1 class(es)")])
 def test_a_batch_plan_without_negatives_or_positives_is_refused_before_the_run(tmp_path, flags, fragment):
     one_line_error(cli("train", "--dataset", "digits", *flags, "--no-umap", "--no-progress", "--out", tmp_path/"run"), fragment)
     assert not (tmp_path/"run").exists()
@@ -290,7 +297,7 @@ def test_a_batch_plan_without_negatives_or_positives_is_refused_before_the_run(t
 
 def test_a_batch_plan_proxies_learn_from_is_accepted():
     from dml_book.config import check_batch_plan
-    check_batch_plan(TrainConfig(loss="proxyanchor", batch_size=4, m_per_class=4))
+    check_batch_plan(TrainConfig(loss="proxyanchor", batch_size=4, m_per_class=1))   # one image per class: its proxy is the positive
     check_batch_plan(TrainConfig(loss="normsoftmax", batch_size=8, m_per_class=1))
 
 
@@ -306,6 +313,24 @@ def test_a_collapsed_embedding_stops_the_run_like_a_nan(tmp_path):
     assert len(losses) == 20 and losses[-2] == losses[-1] and abs(losses[-1] - 0.2) < 1e-6   # the triplet loss sits at its margin
     r = cli("train", *COLLAPSING, "--allow-collapse", "--out", tmp_path/"run2")
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("steps", ["1", "3"])
+def test_a_short_run_that_collapsed_does_not_finish_successfully(tmp_path, steps):
+    "Issue 62: before, a run of fewer than 20 logged steps was never judged, so this one (weights decayed to 0) ended with exit 0."
+    short = [a if b != "--max-steps-per-epoch" else steps for a, b in zip(COLLAPSING, ["", *COLLAPSING])]
+    one_line_error(cli("train", *short, "--out", tmp_path/"run"),
+                   f"training stopped learning at epoch 1, step {steps}: the test embeddings collapsed to one point")
+    assert not (tmp_path/"run"/"metrics.json").exists()
+
+
+def test_a_short_run_near_one_point_that_ranks_well_is_not_stopped():
+    "The embedding alone judges a short run only at chance: a few steps of a large network can sit near one point and rank well."
+    from dml_book.learning import collapse_reason
+    labels = np.repeat(np.arange(10), 5)
+    near = torch.ones(1, 10) + 1e-5 * torch.nn.functional.one_hot(torch.as_tensor(labels), 10).float()   # spread about 1e-6
+    assert collapse_reason([0.2] * 3, near, labels, recall=0.9) is None
+    assert collapse_reason([0.2] * 3, near, labels, recall=0.08).startswith("the test embeddings collapsed")
 
 
 def test_a_loss_pinned_at_chance_recall_is_named():

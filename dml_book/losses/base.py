@@ -6,6 +6,7 @@ Docs: https://dml-book.github.io/dml_book/losses.base.html.md"""
 
 # %% ../../nbs/04_losses.base.ipynb #bc592525
 from __future__ import annotations
+import functools, inspect, math
 from enum import Enum
 from typing import NamedTuple
 import torch
@@ -17,7 +18,7 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LossOutput', 'Reduction', 'as_reduction', 'reduce_losses', 'masked_reduce', 'NonFiniteError', 'check_finite',
-           'BaseLoss', 'check_reference', 'join_reference', 'split_reference']
+           'finite_numbers', 'check_weights', 'BaseLoss', 'check_reference', 'join_reference', 'split_reference']
 
 # %% ../../nbs/04_losses.base.ipynb #61a5bf43
 class LossOutput(NamedTuple):
@@ -84,6 +85,27 @@ def check_finite(embeddings: Tensor, # (B, D) the batch to check
         row = int((~torch.isfinite(embeddings)).any(1).nonzero()[0])
         raise NonFiniteError(f"{what} row {row} is not finite (NaN or inf); a loss of it would hide the NaN in its gradient")
 
+# %% ../../nbs/04_losses.base.ipynb #621a8977
+def finite_numbers(cls, # a class whose constructor takes numbers (a loss, a miner)
+                  ):
+    "`cls` with its own `__init__` wrapped to refuse (`ValueError`) an argument that is a NaN or infinite float."
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "checks_numbers", False): return cls
+    sig = inspect.signature(init)
+    @functools.wraps(init)
+    def checked(self, *args, **kwargs):
+        for k, v in sig.bind(self, *args, **kwargs).arguments.items():
+            if isinstance(v, float) and not math.isfinite(v): raise ValueError(f"{cls.__name__}: {k}={v} is not a finite number")
+        init(self, *args, **kwargs)
+    checked.checks_numbers = True; cls.__init__ = checked
+    return cls
+
+def check_weights(weights: Tensor, # (T,) per-tuple weights
+                 ):
+    "Refuse weights that are not finite (`NonFiniteError`) or negative (`ValueError`)."
+    if not torch.isfinite(weights).all(): raise NonFiniteError("weights hold NaN or infinite values; the loss would be NaN")
+    if (weights < 0).any(): raise ValueError(f"weights must be non-negative (got {weights.min().item():.4g}): a negative weight rewards its tuple's loss")
+
 # %% ../../nbs/04_losses.base.ipynb #8897b60d
 class BaseLoss(nn.Module):
     "Base of every loss: input checks, per-tuple `compute`, then reduction."
@@ -93,6 +115,9 @@ class BaseLoss(nn.Module):
                  normalize: bool = True): # L2-normalise the embeddings before `compute` (PML's default)
         super().__init__()
         self.reduction, self.normalize = as_reduction(reduction), normalize
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw); finite_numbers(cls)   # every loss refuses a NaN margin at construction
 
     def compute(self,
                 embeddings: Tensor, # (B, D) embeddings (L2-normalised unless `normalize=False`)
@@ -141,7 +166,7 @@ def forward(self: BaseLoss,
         if not torch.is_tensor(weights) or weights.shape != out.losses.shape:
             raise ValueError(f"weights must have one entry per tuple: shape {tuple(out.losses.shape)}, "
                              f"got {tuple(weights.shape) if torch.is_tensor(weights) else type(weights).__name__}")
-        weights = weights.to(out.losses.dtype)
+        weights = weights.to(out.losses.dtype); check_weights(weights)
     return reduce_losses(out, self.reduction, weights)
 
 # %% ../../nbs/04_losses.base.ipynb #bf312189
