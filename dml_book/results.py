@@ -12,7 +12,7 @@ import numpy as np, pandas as pd
 from .registry import check_choice
 
 # %% auto #0
-__all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
+__all__ = ['PUBLISHED_COLUMNS', 'INSTALL', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
            'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset', 'paper_figures', 'line_up',
            'published_tables', 'ExperimentError', 'experiments_dir', 'params_file', 'experiment_names',
            'find_experiment', 'results_dir', 'clone_results', 'parity_file', 'notebook_parameters', 'coerce_parameters',
@@ -235,6 +235,10 @@ def published_tables(published: pd.DataFrame, # `read_published` with `table`, `
 class ExperimentError(ValueError):
     "An experiment that cannot run as asked."
 
+# How to install, as the README's Install section says it (dml_book is not on PyPI yet); every message that tells a user to install quotes it
+INSTALL = ("in a clone of https://github.com/dml-book/dml_book: `pip install --extra-index-url https://download.pytorch.org/whl/cpu .` "
+           "on a CPU machine, `pip install .` with an NVIDIA GPU")
+
 def experiments_dir() -> Path:
     "`nbs/experiments` of a clone (the current directory's, else the package's own), else the copy installed with the package."
     bases = [Path.cwd(), *Path.cwd().parents]
@@ -244,8 +248,7 @@ def experiments_dir() -> Path:
     import dml_book
     installed = Path(dml_book.__file__).resolve().parent/"_experiments"   # setup.py's build_py puts them there
     if installed.is_dir(): return installed
-    raise ExperimentError("no nbs/experiments folder here or above, and none installed with dml_book: "
-                          "reinstall the package (pip install dml_book) or run from a clone")
+    raise ExperimentError(f"no nbs/experiments folder here or above, and none installed with dml_book: run from a clone, or reinstall {INSTALL}")
 
 def params_file(path, # a parameter file, or the name of one shipped in `params/`
                ) -> Path:
@@ -276,7 +279,7 @@ def results_dir() -> Path:
     import dml_book
     for folder in (experiments_dir().parents[1]/"results", Path(dml_book.__file__).resolve().parent/"_results"):
         if folder.is_dir(): return folder
-    raise ExperimentError("no results/ folder in this clone and none installed with dml_book: reinstall the package or run from a clone")
+    raise ExperimentError(f"no results/ folder in this clone and none installed with dml_book: run from a clone, or reinstall {INSTALL}")
 
 def clone_results(*parts: str, # a path inside it, e.g. "pretrained", "regime"
                  ) -> Path | None:
