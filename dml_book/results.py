@@ -12,11 +12,12 @@ import numpy as np, pandas as pd
 from .registry import check_choice
 
 # %% auto #0
-__all__ = ['PUBLISHED_COLUMNS', 'INSTALL', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
-           'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset', 'paper_figures', 'line_up',
-           'published_tables', 'ExperimentError', 'experiments_dir', 'params_file', 'experiment_names',
-           'find_experiment', 'results_dir', 'clone_results', 'parity_file', 'notebook_parameters', 'coerce_parameters',
-           'ParameterError', 'check_parameter', 'check_parameters', 'run_experiment']
+__all__ = ['PUBLISHED_COLUMNS', 'INSTALL', 'Scale', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid',
+           'launch_torchrun', 'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset',
+           'paper_figures', 'line_up', 'published_tables', 'ExperimentError', 'experiments_dir', 'params_file',
+           'experiment_names', 'find_experiment', 'results_dir', 'clone_results', 'parity_file', 'notebook_parameters',
+           'coerce_parameters', 'ParameterError', 'check_parameter', 'check_parameters', 'encrypted_kernel_manager',
+           'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
 def load_run(folder, # a run folder (holding `metrics.json`)
@@ -334,6 +335,16 @@ class ParameterError(ExperimentError):
     "A notebook parameter whose value does not have (and cannot be read as) its declared type."
     def _render_traceback_(self): return [f"ParameterError: {self}"]   # IPython shows this one line, not a traceback
 
+from typing import Literal
+Scale = Literal["builtin", "paper"]   # an experiment's scale: built-in data in seconds on a CPU, or the paper's presets (GPU, real data)
+
+def _choices(kind) -> tuple | None:
+    "The values a `Literal[...]` annotation allows (with None for `Optional[Literal[...]]`); None for any other annotation."
+    import typing
+    parts = typing.get_args(kind) if typing.get_origin(kind) is typing.Union or type(kind).__name__ == "UnionType" else (kind,)
+    if not any(typing.get_origin(p) is typing.Literal for p in parts): return None
+    return tuple(v for p in parts for v in (typing.get_args(p) if typing.get_origin(p) is typing.Literal else (None,) if p is type(None) else ()))
+
 def _allowed(kind) -> tuple:
     "The types an annotation admits: `Optional[int]` -> (int, NoneType)."
     import typing
@@ -347,12 +358,22 @@ def _admits(allowed: tuple, v) -> bool:
     if isinstance(v, bool) and bool not in allowed: return False
     return isinstance(v, allowed)
 
+def _check_choice(name: str, choices: tuple, value):
+    "`value` if it is one of `choices` (a string read as YAML when it is not: '1' for 1, 'null' for None); a `ParameterError` listing them otherwise."
+    import yaml
+    if isinstance(value, str) and value not in choices:
+        try: value = yaml.safe_load(value)
+        except yaml.YAMLError: pass
+    if any(value == c and type(value) is type(c) for c in choices): return value
+    raise ParameterError(f"parameter {name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
 def check_parameter(name: str, # the parameter's name (for the error)
-                    kind, # its annotation: a type, `Optional[...]` or `X | None`
+                    kind, # its annotation: a type, `Optional[...]`, `X | None` or `Literal[...]` (its values)
                     value, # the value it was given
                    ):
     "`value` as the type `kind` declares (converted where that is unambiguous); a `ParameterError` naming it otherwise."
     import yaml
+    if (choices := _choices(kind)) is not None: return _check_choice(name, choices, value)
     allowed = _allowed(kind)
     if isinstance(value, str) and (str not in allowed or (type(None) in allowed and value in ("null", "None", "~"))):
         try: read = None if value in ("null", "None", "~") else yaml.safe_load(value)
@@ -379,6 +400,16 @@ def check_parameters(namespace: dict, # the notebook's `globals()`: its `paramet
 
 
 # %% ../nbs/11_results.ipynb #6b9c042f
+def encrypted_kernel_manager():
+    """The kernel manager papermill starts the notebook's kernel with: one that hands the kernel CurveZMQ keys, so that
+    their messages are encrypted (a kernel on plain TCP warns of eavesdropping on every run); jupyter_client's default where pyzmq lacks CurveZMQ."""
+    import zmq
+    from jupyter_client.manager import AsyncKernelManager
+    if not zmq.has("curve"): return AsyncKernelManager
+    class EncryptedKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs): super().__init__(**kwargs); self.transport_encryption = "required"
+    return EncryptedKernelManager
+
 def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a notebook)
                    parameters: dict | None = None, # overrides of the notebook's defaults
                    param_file: str | None = None, # a YAML file of overrides (applied before `parameters`)
@@ -397,5 +428,6 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
     out = Path(params.get("out_dir", declared["out_dir"]["default"])).resolve()
     params["out_dir"] = str(out); out.mkdir(parents=True, exist_ok=True)
     executed = out/f"{path.stem}.ipynb"
-    pm.execute_notebook(str(path), str(executed), parameters=params, kernel_name=kernel, progress_bar=progress)
+    pm.execute_notebook(str(path), str(executed), parameters=params, kernel_name=kernel, progress_bar=progress,
+                        kernel_manager_class=encrypted_kernel_manager())
     return executed
