@@ -29,7 +29,8 @@ def problems(shipped, # `findings()` of the installed package (its `_results` su
 def summary(frame) -> str:
     "What the findings say, counted from them: 'N findings of M methods: a better, b worse, c undecided'."
     counts = frame.decided.value_counts()
-    return (f"{len(frame)} findings of {frame.method.nunique()} methods (" + ", ".join(f"{r}: {n}" for r, n in frame.groupby(["regime", "settings"]).size().items()) +
+    groups = frame.groupby(["regime", "settings"], sort=False).size().items()
+    return (f"{len(frame)} findings of {frame.method.nunique()} methods (" + ", ".join(f"{r}, {s} settings: {n}" for (r, s), n in groups) +
             "); " + ", ".join(f"{counts.get(d, 0)} {d}" for d in ("better", "worse", "undecided")))
 
 
