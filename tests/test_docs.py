@@ -51,3 +51,18 @@ def test_every_install_instruction_says_it_the_same_way():
                         *(ROOT/"nbs").rglob("*.ipynb")]
             if "_preview" not in p.parts and "pip install dml_book" in p.read_text()]
     assert not said, f"`pip install dml_book` does not work yet (not on PyPI), yet these say it: {said}"
+
+
+def test_no_study_page_calls_a_gpus_time_cpu_minutes():
+    "Each stored study's time line names what was measured: wall-clock minutes, or CPU-minutes only for runs on the CPU."
+    from dml_book.study import study_facts, time_text, where_text
+    studies = sorted(p.parent for p in (ROOT/"results").rglob("study.json"))
+    assert studies
+    for folder in studies:
+        facts = study_facts(folder)
+        line = f"{time_text(facts)} on {where_text(facts)}"
+        if "NVIDIA" in where_text(facts): assert "CPU-minutes" not in line, (folder, line)
+    pages = [ROOT/"nbs"/"what_we_found.ipynb", *(ROOT/"nbs").glob("2*_methods.*.ipynb"), *(ROOT/"nbs"/"experiments").glob("*.ipynb")]
+    for nb in pages:
+        shown = json.dumps([c.get("outputs", []) for c in json.loads(nb.read_text())["cells"]])
+        assert not re.search(r"CPU-minutes on [^\"]*NVIDIA", shown), f"{nb.name} says CPU-minutes of a GPU's runs: make readme"
