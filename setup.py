@@ -1,5 +1,5 @@
 """Ship the experiments and the studies' summaries in the wheel: `build_py` copies `nbs/experiments` (notebooks and
-published figures) and `params/` into `dml_book/_experiments/`, so that `pip install dml_book` is enough for
+published figures) and `params/` into `dml_book/_experiments/`, so that an installed wheel is enough for
 `dml-book experiment NAME` (see `dml_book.results.experiments_dir`), and the summaries of the stored runs under
 `results/` (each study's `study.json` and `study_time.json`, each run's `metrics.json` and `run.json`; no logs,
 checkpoints or data records) into `dml_book/_results/`, so that `dml_book.study` and `dml_book.findings` report the

@@ -18,9 +18,9 @@ from .files import FileError, FIGURE_SUFFIXES, check_output, check_folder, refus
 # %% auto #0
 __all__ = ['CLI_DEFAULTS', 'LISTS', 'DISTANCES', 'MAX_MESSAGE', 'INTERRUPTED', 'choices', 'check_inputs', 'tune_command',
            'check_pretrain', 'pretrain_command', 'UsageParser', 'parser', 'results_table', 'epoch_line', 'print_epochs',
-           'evaluate_command', 'embed_command', 'index_command', 'search_command', 'catalogue', 'list_command',
-           'user_errors', 'read_config_file', 'dataset_defaults', 'train_command', 'experiment_command', 'one_line',
-           'error_line', 'main']
+           'resumed_line', 'evaluate_command', 'embed_command', 'index_command', 'search_command', 'catalogue',
+           'list_command', 'user_errors', 'read_config_file', 'dataset_defaults', 'train_command', 'experiment_command',
+           'one_line', 'error_line', 'main']
 
 # %% ../nbs/10_cli.ipynb #44a81574
 def _parse_type(annotation: str):
@@ -382,6 +382,16 @@ def print_epochs(trainer, # a `Trainer` before `fit`
         log(record)
         if record.get("kind") == "epoch" and trainer.dist.is_main: print(epoch_line(record, trainer.cfg.epochs), file=stream or sys.stdout, flush=True)
     trainer.log = log_and_print
+    def say_resumed():
+        if trainer.dist.is_main: print(resumed_line(trainer), file=stream or sys.stdout, flush=True)
+    trainer.on_resume = say_resumed
+
+def resumed_line(trainer, # a `Trainer` that has just loaded its checkpoint
+                ) -> str:
+    "The line a resumed run prints first: 'resumed from runs/demo/checkpoint.pt: epoch 3/5 done (step 45); 2 epochs to go'."
+    left = trainer.cfg.epochs - trainer.epoch
+    return (f"resumed from {trainer.out/'checkpoint.pt'}: epoch {trainer.epoch}/{trainer.cfg.epochs} done (step {trainer.step}); "
+            + (f"{left} epoch{'s' * (left != 1)} to go" if left > 0 else "nothing left to train"))
 
 # %% ../nbs/10_cli.ipynb #a23086bd
 def evaluate_command(args, # the parsed command-line arguments

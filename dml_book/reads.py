@@ -87,7 +87,13 @@ def read_file(path, # the file to read
     if len(data) > max_bytes: raise FileError(f"{what} {path} grew past {max_bytes} bytes while read; {fix}")
     return data
 
-def read_text(path, fix: str, max_bytes: int, root=None, follow: bool = False, what: str = "file") -> str:
+def read_text(path, # the file to read
+              fix: str, # what to do when it is refused
+              max_bytes: int, # the largest size it may have
+              root=None, # the folder it must lie in; None: no link at all
+              follow: bool = False, # follow links without a check
+              what: str = "file", # what it is, for the message
+             ) -> str:
     "`read_file` decoded as UTF-8 (a byte-order mark allowed); a file in another encoding is one line that quotes none of it."
     data = read_file(path, fix, max_bytes, root, follow, what)
     try: return data.decode("utf-8-sig")

@@ -12,11 +12,12 @@ import numpy as np, pandas as pd
 from .registry import check_choice
 
 # %% auto #0
-__all__ = ['PUBLISHED_COLUMNS', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid', 'launch_torchrun',
-           'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset', 'paper_figures', 'line_up',
-           'published_tables', 'ExperimentError', 'experiments_dir', 'params_file', 'experiment_names',
-           'find_experiment', 'results_dir', 'clone_results', 'parity_file', 'notebook_parameters', 'coerce_parameters',
-           'ParameterError', 'check_parameter', 'check_parameters', 'run_experiment']
+__all__ = ['PUBLISHED_COLUMNS', 'INSTALL', 'Scale', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid',
+           'launch_torchrun', 'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset',
+           'paper_figures', 'line_up', 'published_tables', 'ExperimentError', 'experiments_dir', 'params_file',
+           'experiment_names', 'find_experiment', 'results_dir', 'clone_results', 'parity_file', 'notebook_parameters',
+           'coerce_parameters', 'ParameterError', 'check_parameter', 'check_parameters', 'encrypted_kernel_manager',
+           'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
 def load_run(folder, # a run folder (holding `metrics.json`)
@@ -235,6 +236,10 @@ def published_tables(published: pd.DataFrame, # `read_published` with `table`, `
 class ExperimentError(ValueError):
     "An experiment that cannot run as asked."
 
+# How to install, as the README's Install section says it (dml_book is not on PyPI yet); every message that tells a user to install quotes it
+INSTALL = ("in a clone of https://github.com/dml-book/dml_book: `pip install --extra-index-url https://download.pytorch.org/whl/cpu .` "
+           "on a CPU machine, `pip install .` with an NVIDIA GPU")
+
 def experiments_dir() -> Path:
     "`nbs/experiments` of a clone (the current directory's, else the package's own), else the copy installed with the package."
     bases = [Path.cwd(), *Path.cwd().parents]
@@ -244,8 +249,7 @@ def experiments_dir() -> Path:
     import dml_book
     installed = Path(dml_book.__file__).resolve().parent/"_experiments"   # setup.py's build_py puts them there
     if installed.is_dir(): return installed
-    raise ExperimentError("no nbs/experiments folder here or above, and none installed with dml_book: "
-                          "reinstall the package (pip install dml_book) or run from a clone")
+    raise ExperimentError(f"no nbs/experiments folder here or above, and none installed with dml_book: run from a clone, or reinstall {INSTALL}")
 
 def params_file(path, # a parameter file, or the name of one shipped in `params/`
                ) -> Path:
@@ -276,7 +280,7 @@ def results_dir() -> Path:
     import dml_book
     for folder in (experiments_dir().parents[1]/"results", Path(dml_book.__file__).resolve().parent/"_results"):
         if folder.is_dir(): return folder
-    raise ExperimentError("no results/ folder in this clone and none installed with dml_book: reinstall the package or run from a clone")
+    raise ExperimentError(f"no results/ folder in this clone and none installed with dml_book: run from a clone, or reinstall {INSTALL}")
 
 def clone_results(*parts: str, # a path inside it, e.g. "pretrained", "regime"
                  ) -> Path | None:
@@ -331,6 +335,16 @@ class ParameterError(ExperimentError):
     "A notebook parameter whose value does not have (and cannot be read as) its declared type."
     def _render_traceback_(self): return [f"ParameterError: {self}"]   # IPython shows this one line, not a traceback
 
+from typing import Literal
+Scale = Literal["builtin", "paper"]   # an experiment's scale: built-in data in seconds on a CPU, or the paper's presets (GPU, real data)
+
+def _choices(kind) -> tuple | None:
+    "The values a `Literal[...]` annotation allows (with None for `Optional[Literal[...]]`); None for any other annotation."
+    import typing
+    parts = typing.get_args(kind) if typing.get_origin(kind) is typing.Union or type(kind).__name__ == "UnionType" else (kind,)
+    if not any(typing.get_origin(p) is typing.Literal for p in parts): return None
+    return tuple(v for p in parts for v in (typing.get_args(p) if typing.get_origin(p) is typing.Literal else (None,) if p is type(None) else ()))
+
 def _allowed(kind) -> tuple:
     "The types an annotation admits: `Optional[int]` -> (int, NoneType)."
     import typing
@@ -344,12 +358,22 @@ def _admits(allowed: tuple, v) -> bool:
     if isinstance(v, bool) and bool not in allowed: return False
     return isinstance(v, allowed)
 
+def _check_choice(name: str, choices: tuple, value):
+    "`value` if it is one of `choices` (a string read as YAML when it is not: '1' for 1, 'null' for None); a `ParameterError` listing them otherwise."
+    import yaml
+    if isinstance(value, str) and value not in choices:
+        try: value = yaml.safe_load(value)
+        except yaml.YAMLError: pass
+    if any(value == c and type(value) is type(c) for c in choices): return value
+    raise ParameterError(f"parameter {name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+
 def check_parameter(name: str, # the parameter's name (for the error)
-                    kind, # its annotation: a type, `Optional[...]` or `X | None`
+                    kind, # its annotation: a type, `Optional[...]`, `X | None` or `Literal[...]` (its values)
                     value, # the value it was given
                    ):
     "`value` as the type `kind` declares (converted where that is unambiguous); a `ParameterError` naming it otherwise."
     import yaml
+    if (choices := _choices(kind)) is not None: return _check_choice(name, choices, value)
     allowed = _allowed(kind)
     if isinstance(value, str) and (str not in allowed or (type(None) in allowed and value in ("null", "None", "~"))):
         try: read = None if value in ("null", "None", "~") else yaml.safe_load(value)
@@ -376,6 +400,16 @@ def check_parameters(namespace: dict, # the notebook's `globals()`: its `paramet
 
 
 # %% ../nbs/11_results.ipynb #6b9c042f
+def encrypted_kernel_manager():
+    """The kernel manager papermill starts the notebook's kernel with: one that hands the kernel CurveZMQ keys, so that
+    their messages are encrypted (a kernel on plain TCP warns of eavesdropping on every run); jupyter_client's default where pyzmq lacks CurveZMQ."""
+    import zmq
+    from jupyter_client.manager import AsyncKernelManager
+    if not zmq.has("curve"): return AsyncKernelManager
+    class EncryptedKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs): super().__init__(**kwargs); self.transport_encryption = "required"
+    return EncryptedKernelManager
+
 def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a notebook)
                    parameters: dict | None = None, # overrides of the notebook's defaults
                    param_file: str | None = None, # a YAML file of overrides (applied before `parameters`)
@@ -394,7 +428,8 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
     out = Path(params.get("out_dir", declared["out_dir"]["default"])).resolve()
     params["out_dir"] = str(out); out.mkdir(parents=True, exist_ok=True)
     executed, part = out/f"{path.stem}.ipynb", out/f".{path.stem}.{os.getpid()}.ipynb"   # written beside the previous one, swapped in when whole
-    try: pm.execute_notebook(str(path), str(part), parameters=params, kernel_name=kernel, progress_bar=progress)
+    try: pm.execute_notebook(str(path), str(part), parameters=params, kernel_name=kernel, progress_bar=progress,
+                             kernel_manager_class=encrypted_kernel_manager())
     except BaseException:   # a failed cell, a full disk, Ctrl-C: the previous executed notebook stays; the cells run so far go aside
         if part.exists(): part.replace(out/f"{path.stem}.failed.ipynb")
         raise

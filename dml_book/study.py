@@ -17,8 +17,9 @@ __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLA
            'LEGACY_NOTE', 'REFERENCE_SEED', 'ACTIVE_SHARE', 'MECHANISM_STUDIES', 'interval_half_width', 'seeds_needed',
            'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'where_ran',
            'seed_ranges', 'study_facts', 'study_report', 'metric_name', 'arms_table', 'incomplete', 'short_of_power',
-           'where_text', 'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run', 'mechanism_of',
-           'mechanism_table', 'active_share', 'mechanism_at_work', 'mechanism_summary', 'show_mechanisms']
+           'where_text', 'time_text', 'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run',
+           'mechanism_of', 'mechanism_table', 'active_share', 'mechanism_at_work', 'mechanism_summary',
+           'show_mechanisms']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -175,10 +176,12 @@ def study_facts(folder, # a study's folder
         if (device := where_ran(f.parent, (m.get("run") or {}).get("precision"))) is None: continue
         where.setdefault(device, set()).add(int(f.parent.name.removeprefix("seed")))
     timing = json.loads((folder/"study_time.json").read_text()) if (folder/"study_time.json").exists() else {}
+    walls = [json.loads((f.parent/"run.json").read_text()).get("wall_seconds") if (f.parent/"run.json").is_file() else None for f in runs]
     return dict(epochs=sorted({m["config"].get("epochs") for m in runs.values()} - {None}),
                 steps_per_epoch=sorted({m.get("run", {}).get("steps_per_epoch") for m in runs.values()} - {None}),
                 seeds={a: sum(f.parent.parent.name == a for f in runs) for a in arms},
                 cpu_seconds=timing.get("cpu_seconds"), devices=timing.get("devices", []),
+                wall_seconds=round(sum(walls), 1) if walls and None not in walls else None,   # every run's own clock, or None
                 where={k: sorted(v) for k, v in sorted(where.items(), key=lambda kv: min(kv[1]))})
 
 # %% ../nbs/11a_study.ipynb #7a6c66f3
@@ -289,6 +292,16 @@ def where_text(facts: dict, # `study_facts`
     if w: return " and ".join(f"{k} (seed{'s' * (len(v) > 1)} {seed_ranges(v)})" for k, v in w.items()) + ", each pair of arms on one device"
     return ", ".join(facts.get("devices", ())) or "the CPU"
 
+def time_text(facts: dict, # `study_facts`
+             ) -> str:
+    """How long a study's runs took, for its page: their wall-clock minutes summed where every run recorded them, else
+    the CPU time of their processes, called CPU-minutes only where every run trained on the CPU (a GPU's time is not CPU time)."""
+    if facts.get("wall_seconds"): return f"{facts['wall_seconds'] / 60:.0f} minutes of training (wall clock, summed over runs)"
+    if facts.get("cpu_seconds") is None: return "time not recorded"
+    on_cpu = all(k.startswith("the CPU") for k in facts.get("where") or {}) and set(facts.get("devices") or ["cpu"]) <= {"cpu"}
+    minutes = facts["cpu_seconds"] / 60
+    return f"{minutes:.0f} CPU-minutes" if on_cpu else f"{minutes:.0f} minutes of the host processes' CPU time (the GPUs' time not recorded)"
+
 def show_study(method: str, # the study's folder under `results/`
                root=None, # the results store (default: this clone's)
                dataset: str = "glyphs-XL", # the benchmark's name in the verdicts
@@ -301,9 +314,8 @@ def show_study(method: str, # the study's folder under `results/`
     if not rep["design"]: print(LEGACY_NOTE)
     elif (short := incomplete(rep) or short_of_power(rep)): print(short)
     display(Markdown("\n".join(f"- {v}" for v in rep["verdicts"])))
-    cpu = f"{f['cpu_seconds'] / 60:.0f} CPU-minutes" if f["cpu_seconds"] else "CPU time not recorded"
     print(f"Primary metric: {metric_name(rep['primary'])}. {'/'.join(map(str, f['epochs']))} epochs of "
-          f"{'/'.join(map(str, f['steps_per_epoch'])) or '?'} steps; {cpu} on {where_text(f)}.")
+          f"{'/'.join(map(str, f['steps_per_epoch'])) or '?'} steps; {time_text(f)} on {where_text(f)}.")
     display(arms_table(rep))
     plot_study_curves(rep["root"])
     print(STUDY_LIMITS)

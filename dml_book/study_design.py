@@ -106,7 +106,9 @@ def config_fields(cfg, # a `TrainConfig` or its dict
         else: out[k] = list(v) if isinstance(v, tuple) else v
     return out
 
-def arm_differences(a, b) -> dict: # two configurations
+def arm_differences(a, # a configuration (`TrainConfig` or its flat fields)
+                    b, # the one it is compared with
+                   ) -> dict:
     "`field -> (value in a, value in b)` for every flat field in which `a` and `b` differ (absent: None)."
     fa, fb = config_fields(a), config_fields(b)
     return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
@@ -124,12 +126,14 @@ class Study:
     declared: dict       # arm name -> fields (flat names, see `config_fields`) it may differ in from the baseline
     main: tuple = ()     # arms compared with the baseline at the power rule's seeds; the others get `ABLATION_SEEDS`
     labels: dict = field(default_factory=dict)   # arm name -> how the page names it (default: the arm's name)
-    baseline: str = "baseline"
+    baseline: str = "baseline"   # the arm every other is compared with
     primary: dict = field(default_factory=lambda: dict(PRIMARY))   # the metric that decides: `PRIMARY` (test), or `VALIDATION` for a study that chooses a setting
 
-    def label(self, arm: str) -> str: return self.labels.get(arm, arm)
+    def label(self, arm: str, # one of `arms`
+             ) -> str: return self.labels.get(arm, arm)
 
-def check_arms(study: Study):
+def check_arms(study: Study, # the study whose arms are compared with its baseline
+              ):
     "Refuse, in one line naming the field, an arm whose configuration differs from the baseline's in an undeclared field."
     if study.baseline not in study.arms: raise StudyError(f"study {study.name!r} has no arm {study.baseline!r}")
     base = study.arms[study.baseline]
@@ -140,7 +144,8 @@ def check_arms(study: Study):
                                  f"({mine!r} vs {theirs!r}), which the study does not declare")
 
 # %% ../nbs/11b_study_design.ipynb #35d186ba
-def run_facts(metrics: dict) -> dict:
+def run_facts(metrics: dict, # a run's `metrics.json`
+             ) -> dict:
     "What a finished run did, from its `metrics.json`: `run.<split>` counts, `run.steps`, `run.lr` (backbone and head per epoch)."
     run = metrics.get("run") or {}
     facts = {f"run.{k}": v for k, v in run.items() if k != "steps_per_epoch"}
@@ -261,7 +266,9 @@ STUDY_SEEDS = tuple(range(MAX_SEEDS))   # the order in which seeds are used
 def plan_seeds(study: Study, # the study
                root, # its folder (what is stored there informs the rule)
                half_width: float = TARGET_HALF_WIDTH, # target, in points of the primary metric
-               min_seeds: int = MIN_SEEDS, max_seeds: int = MAX_SEEDS) -> dict:
+               min_seeds: int = MIN_SEEDS, # the fewest seeds of a main arm
+               max_seeds: int = MAX_SEEDS, # the power rule's cap
+              ) -> dict:
     "Arm -> seeds the study needs now: the power rule on the stored pairs for the baseline and main arms, ablations fixed."
     n = min_seeds
     frame = _stored_frame(root, study.primary)
@@ -280,7 +287,8 @@ def _stored_frame(root, primary: dict = PRIMARY):
     except (ValueError, FileNotFoundError): return None
 
 # %% ../nbs/11b_study_design.ipynb #1e569bee
-def describe(study: Study) -> dict:
+def describe(study: Study, # the study to describe
+            ) -> dict:
     "The study as the page prints it: shared settings, and per arm its label and the fields it declares."
     base = config_fields(study.arms[study.baseline])
     diffs = {a: arm_differences(c, study.arms[study.baseline]) for a, c in study.arms.items()}   # field -> (arm's, baseline's)
@@ -294,7 +302,8 @@ def run_study(study: Study, # the study to run (or to finish)
               results="results", # the results store; the study goes to `results/<study.name>/`
               jobs: int = 2, # runs side by side
               seeds: dict | None = None, # arm -> seeds, instead of the power rule ({}: train nothing)
-              log=print) -> pd.DataFrame:
+              log=print, # where each finished run's line goes
+             ) -> pd.DataFrame:
     "Check the arms, train what is missing (power rule unless `seeds`), check the runs, record the study; its frame."
     from dml_book.files import make_folder, write_text, to_json
     check_arms(study)

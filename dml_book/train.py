@@ -713,6 +713,11 @@ def lock_out(out: Path, # the run's output folder
     f.seek(0); f.truncate(); f.write(str(os.getpid())); f.flush()
     return f
 
+# %% ../nbs/08_train.ipynb #e5f6a7b9
+@patch
+def on_resume(self: Trainer):
+    "Called by `fit` right after it loads `out/checkpoint.pt`: a hook for a front end to say the run resumed (nothing here)."
+
 # %% ../nbs/08_train.ipynb #d1aabc33
 @patch
 def fit(self: Trainer) -> dict:
@@ -723,7 +728,7 @@ def fit(self: Trainer) -> dict:
     try:
         if self.dist.enabled: torch.distributed.barrier()
         resume = (self.out/"checkpoint.pt").exists()
-        if resume: self.load_checkpoint(self.out/"checkpoint.pt")   # refuses a checkpoint of another configuration
+        if resume: self.load_checkpoint(self.out/"checkpoint.pt"); self.on_resume()   # refuses a checkpoint of another configuration
         if self.dist.is_main: _record_preprocessing(self); _record_data(self)   # from this configuration, at every (re)start
         if not resume:
             if self.dist.is_main: write_text(self.out/"log.jsonl", "")

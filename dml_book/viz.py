@@ -8,12 +8,13 @@ Docs: https://dml-book.github.io/dml_book/viz.html.md"""
 from __future__ import annotations
 import numpy as np, pandas as pd, torch
 import matplotlib.pyplot as plt
+from typing import Literal, get_args
 import seaborn as sns
 from .metrics import Distance
 
 # %% auto #0
-__all__ = ['PROJECTIONS', 'history_frame', 'plot_learning_curves', 'plot_projection', 'plot_umap', 'plot_neighbours',
-           'plot_retrieval_gallery', 'plot_comparison']
+__all__ = ['Projection', 'PROJECTIONS', 'history_frame', 'plot_learning_curves', 'plot_projection', 'plot_umap',
+           'plot_neighbours', 'plot_retrieval_gallery', 'plot_comparison']
 
 # %% ../nbs/09_viz.ipynb #3276e16c
 def history_frame(runs: dict[str, list[dict]], # run name -> its epoch records
@@ -37,7 +38,8 @@ def plot_learning_curves(runs: dict[str, list[dict]], # run name -> its epoch re
     return ax.figure
 
 # %% ../nbs/09_viz.ipynb #aa119a96
-PROJECTIONS = ("umap", "tsne")   # the 2-D maps `plot_projection` draws
+Projection = Literal["umap", "tsne"]   # the 2-D maps `plot_projection` draws
+PROJECTIONS = get_args(Projection)
 
 def _project(x: np.ndarray, method: str, seed: int) -> np.ndarray:
     "The (N, 2) map of `x` by UMAP or scikit-learn's t-SNE."

@@ -198,3 +198,16 @@ def test_each_smoke_variant_trains_otherwise_than_the_baseline(runs, name):
         assert max(abs(a - b) for a, b in zip(losses, base)) > 1e-4, f"{name}: {v} trains exactly as the baseline in the smoke run"
         if name == "hdml":   # the synthetic tuples entered the metric loss (eq. 11's weight of the real ones fell below 1)
             assert min(s["weight"] for s in steps[v]) < 1, f"hdml: {v} never weighted a synthetic tuple"
+
+
+def test_dml_book_experiment_shows_the_reader_no_kernel_transport_warning(tmp_path):
+    "papermill's kernel gets CurveZMQ keys (dml_book.results.encrypted_kernel_manager): ipykernel's plain-TCP warning never reaches the terminal."
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    nb.cells = [nbformat.v4.new_code_cell('out_dir: str = "runs"', metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("from pathlib import Path\nPath(out_dir, 'ran.txt').write_text('yes')")]
+    nbformat.write(nb, str(tmp_path/"tiny.ipynb"))
+    r = subprocess.run([sys.executable, "-m", "dml_book.cli", "experiment", str(tmp_path/"tiny.ipynb"), "--no-progress", "--out-dir", str(tmp_path/"out")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path/"out"/"ran.txt").read_text() == "yes"   # the kernel ran the notebook, over the encrypted channel
+    assert "without encryption" not in r.stderr + r.stdout and "WARNING" not in r.stderr, r.stderr

@@ -67,7 +67,7 @@ def test_raw_papermill_reads_a_list_and_stops_at_a_bad_value_with_one_line(tmp_p
 
 
 @pytest.mark.parametrize("projection, fragment", [("tsne", None), (None, None), ("umap", None),
-                                                  ("pca", "parameter projection must be one of umap, tsne or None; got 'pca'")])
+                                                  ("pca", "parameter projection must be one of 'umap', 'tsne', None; got 'pca'")])
 def test_train_eval_names_a_projection_it_cannot_draw(projection, fragment):
     "train_eval's checking cell accepts the two maps and None, and stops on any other with one line naming the parameter."
     nb = nbformat.read(str(ROOT/"nbs"/"experiments"/"train_eval.ipynb"), as_version=4)
@@ -80,3 +80,21 @@ def test_train_eval_names_a_projection_it_cannot_draw(projection, fragment):
     else:
         with pytest.raises(ParameterError) as e: run()
         assert str(e.value) == fragment
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_allowed_values_are_annotations_that_check_parameters_enforces(path):
+    "A parameter with a few allowed values says so in its annotation (a `Literal` alias): no cell checks them by hand, and a value outside them stops in the checking cell."
+    import re, typing
+    nb = nbformat.read(str(path), as_version=4)
+    i = _parameters_cell(nb)
+    for c in nb.cells[i + 1:]:
+        assert not re.search(r"^if \w+ not in \(", c.source, re.M), f"{path.name}: a parameter's values checked by hand:\n{c.source[:200]}"
+    ns = {}
+    exec(compile(nb.cells[i].source, "parameters", "exec"), ns)
+    chosen = {k: a for k, a in ns["__annotations__"].items() if typing.Literal in {typing.get_origin(x) for x in (a, *typing.get_args(a))}}
+    if path.stem in ("ala", "dcml", "dmml", "hdml", "pads"): assert "scale" in chosen
+    if path.stem == "train_eval": assert "projection" in chosen
+    for k in chosen:
+        ns_bad = {**ns, k: "no-such-value"}
+        with pytest.raises(ParameterError, match=f"parameter {k} must be one of .*; got 'no-such-value'"): check_parameters(ns_bad)

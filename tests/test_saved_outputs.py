@@ -38,6 +38,18 @@ def test_only_tagged_cells_keep_outputs_and_every_tagged_cell_has_some():
             else: assert not c.get("outputs"), f"{rel}: cell {c['id']} keeps outputs but is not tagged '{so.TAG}'"
 
 
+def _tables(cell) -> int:
+    return sum(1 for o in cell.get("outputs", []) if "text/html" in o.get("data", {}) and "<table" in "".join(o["data"]["text/html"]))
+
+
+def test_each_base_chapter_a_reader_needs_shows_a_figure_or_a_table():
+    "The figures chapter, the data, sampler, loss, metric and training chapters keep a figure or a small table on a repository viewer."
+    assert {"09_viz", "01_data.builtin", "02_samplers", "04_losses.base", "06_metrics", "08_train"} <= set(so.BASE_CHAPTERS)
+    for name in so.BASE_CHAPTERS:
+        cells = [c for c in json.loads((so.NBS/f"{name}.ipynb").read_text())["cells"] if so.is_tagged(c)]
+        assert sum(_figures(c) + _tables(c) for c in cells), f"nbs/{name}.ipynb: no saved figure or table (tag the cell 'results', then make readme)"
+
+
 def test_each_method_chapter_and_experiment_page_holds_a_saved_figure():
     pages = [so.NBS/f"{c}.ipynb" for c in so.METHOD_CHAPTERS] + sorted((so.NBS/"experiments").glob("*.ipynb"))
     for nb in pages:

@@ -78,17 +78,39 @@ def test_preview_has_every_page_and_an_index_in_reading_order(preview):
         if e.startswith("experiments/"): assert (preview/page_name(e)).read_text().count("data:image/png") >= 2, e
 
 
+def system_install_command(package: str) -> str:
+    "The command that installs a missing Debian package the tests use, as `make install`'s step prints it."
+    r = subprocess.run(["sh", str(ROOT/"tools"/"system_packages.sh"), "--command"], capture_output=True, text=True)
+    return r.stdout.strip() or f"sudo apt-get install -y {package}"
+
+
 @pytest.fixture(scope="session")
 def chromium():
-    "Debian's chromium, installed with apt-get when missing; skipped only when it cannot be installed."
+    "Debian's chromium, which `make install` installs (tools/system_packages.sh); a skip naming the command when missing."
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None and shutil.which("apt-get") and os.geteuid() == 0:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env, capture_output=True)
-        exe = shutil.which("chromium")
-    if exe is None: pytest.skip("chromium is not installed and could not be installed with apt-get (needs root and the Debian archive)")
+    if exe is None: pytest.skip(f"chromium is not installed: {system_install_command('chromium')} (or make install, as root)")
     return exe
+
+
+def test_system_packages_script_lists_chromium_and_no_test_runs_apt_get():
+    "The set-up step installs the tests' Debian packages; no test file installs anything."
+    script = (ROOT/"tools"/"system_packages.sh").read_text()
+    listed = script.split('PACKAGES="', 1)[1].split('"', 1)[0].split()
+    assert "chromium" in listed
+    assert "tools/system_packages.sh" in (ROOT/"Makefile").read_text().split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
+    for f in (ROOT/"tests").glob("*.py"):
+        code = f.read_text()
+        assert not re.search(r"[\"']apt(-get)?[\"']\s*,\s*[\"']install", code), f"{f.name} runs apt-get"
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_system_packages_script_names_what_is_missing(tmp_path, installed):
+    "With dpkg answering that chromium is (not) installed, `--command` prints nothing (the command that installs it)."
+    stub = tmp_path/"dpkg-query"
+    stub.write_text("#!/bin/sh\n" + ("printf 'install ok installed'\n" if installed else "exit 1\n")); stub.chmod(0o755)
+    r = subprocess.run(["sh", str(ROOT/"tools"/"system_packages.sh"), "--command"], capture_output=True, text=True,
+                       env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    assert r.returncode == 0 and r.stdout.strip() == ("" if installed else "sudo apt-get install -y chromium"), r
 
 
 def _screenshot(chromium, url, png):

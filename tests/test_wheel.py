@@ -72,3 +72,15 @@ def test_installed_wheel_reports_the_five_verdicts_outside_a_clone(installed, tm
     assert got["found"] == findings(root=ROOT/"results").to_dict("records")
     assert {f["method"] for f in got["found"] if f["regime"] == "from scratch"} == {"ala", "hdml", "dcml", "pads", "dmml"}
     assert len(got["hdml"]) >= 4 and all(v.startswith("On glyphs-XL") for v in got["hdml"])
+
+
+def test_the_release_workflows_wheel_check_passes_on_the_installed_wheel(installed, tmp_path):
+    "tools/wheel_check.py, as release.yml runs it: from an empty folder, the installed copy against the clone's results/."
+    _, site = installed
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    r = subprocess.run([sys.executable, str(ROOT/"tools"/"wheel_check.py"), str(ROOT/"results")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"the installed dml_book ({site/'dml_book'}) reports the clone's" in r.stdout
+    inside = subprocess.run([sys.executable, str(ROOT/"tools"/"wheel_check.py"), str(ROOT/"results")], capture_output=True, text=True,
+                            env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert inside.returncode != 0 and "imported from the clone" in inside.stderr   # the clone's own package proves nothing

@@ -239,8 +239,7 @@ losses, miners, metrics, models, training), then the published methods, a chapte
 paper's protocol and ablations and compare them with the numbers the paper reports.</p>
 <p>This is the offline preview, built without Quarto from the executed notebooks (<code>make preview</code>); the site itself
 is built with <code>make docs</code> (<code>nbdev-docs</code>, which needs Quarto). Start with <a href="home.html">the home page</a>.</p>
-<h2>Install</h2>
-<pre>pip install dml_book        # or, from a clone: make install (creates .venv)</pre>
+{install_section()}
 <h2>Run the experiments</h2>
 <pre>dml-book experiment train_eval -p method hdml -p epochs 5     # any method, seconds on a CPU
 dml-book experiment hdml                                         # a paper's protocol and ablations, built-in data
@@ -250,6 +249,15 @@ executed notebook beside them.</p>
 <h2>Chapters, in reading order</h2>
 {''.join(toc)}
 </body></html>""")
+
+
+def install_section(nbs: Path = NBS) -> str:
+    "The home page's Install section (nbs/index.ipynb, README.md's too) as HTML: one wording of how to install, everywhere."
+    import mistune
+    for c in json.loads((nbs/"index.ipynb").read_text())["cells"]:
+        text = "".join(c["source"]) if c["cell_type"] == "markdown" else ""
+        if m := re.search(r"^## Install\n.*?(?=^## |\Z)", text, re.M | re.S): return mistune.html(m.group(0))
+    sys.exit("preview: nbs/index.ipynb has no '## Install' section")
 
 
 def main(argv=None):

@@ -2,7 +2,8 @@
 other cell stays clean. So a chapter's results and every experiment page read on a repository viewer, without a build.
 
 A tagged cell computes what it shows from `results/` (or a test fixture), never from a run made on the spot, so a fresh
-execution gives the same numbers. `make readme` writes them (after a study or a change to a results section):
+execution gives the same numbers; a base chapter's figure may be drawn from a seeded run on the spot, since a figure is
+compared as a figure (its pixels vary with the library versions), and its table from fixed data. `make readme` writes them (after a study or a change to a results section):
 
     python tools/saved_outputs.py --write    # copy the tagged cells' outputs from the executed book (_preview) into nbs/
     python tools/saved_outputs.py --check    # the committed outputs equal a fresh execution's (tests/test_saved_outputs.py)
@@ -19,6 +20,8 @@ NBS = ROOT/"nbs"
 PREVIEW = ROOT/"_preview"
 TAG = "results"
 METHOD_CHAPTERS = ("20_methods.ala", "21_methods.hdml", "22_methods.dcml", "23_methods.pads", "24_methods.dmml")
+# base chapters whose figures or tables a reader needs on a repository viewer: data, samplers, losses, metrics, training, figures
+BASE_CHAPTERS = ("01_data.builtin", "02_samplers", "04_losses.base", "06_metrics", "08_train", "09_viz")
 
 
 def notebooks() -> list[Path]:
