@@ -175,6 +175,10 @@ def _add_tune_command(sub, values: bool = True): # the subparsers; whether to sh
     tu.add_argument("--results", default="results", help="the results store (default: results)")
     tu.add_argument("--yes", action="store_true", help="start without asking, even more than an hour of work (default: ask on a terminal, refuse elsewhere)")
     tu.add_argument("--decide", action="store_true", help="then train each arm's best trial at the power rule's seeds and compare on test; then fine-tuning the pretrained backbone (5 seeds)")
+    tu.add_argument("--active", action="store_true", help="search the method only where its activity criterion holds (arm <study>-active; the baseline's "
+                    "trials as they are), train each arm's best 3 trials on the full schedule (2 seeds, validation), and with --decide decide "
+                    "the study at the picks (RESULTS/STUDY/tuned-active)")
+    tu.add_argument("--pretrained", action="store_true", help="with --active: the pretrained regime, both arms searched afresh (RESULTS/pretrained/STUDY)")
 
 # %% ../nbs/10_cli.ipynb #5c19d93a
 def _confirmed(plan: dict) -> bool:
@@ -191,11 +195,14 @@ def tune_command(args, # the parsed command-line arguments
     from dml_book.registry import check_choice
     from dml_book.tune import TRIALS, TRIAL_EPOCHS, tuning_plan, plan_lines, needs_confirmation   # no torch yet: the plan first
     arms = tuple(args.arm) if args.arm else None
-    plan = tuning_plan(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS, args.results, args.storage, arms, args.jobs)
+    if args.pretrained and not args.active: raise ConfigError("--pretrained tunes the pretrained regime with the mechanism at work: add --active")
+    plan = tuning_plan(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS, args.results, args.storage, arms, args.jobs,
+                       active=args.active, pretrained=args.pretrained)
     print(*plan_lines(plan), sep="\n", flush=True)
     from dml_book.config import check_jobs
     check_jobs(args.jobs)   # one process per core at most, before any work
     if needs_confirmation(plan) and not args.yes and not _confirmed(plan): return 1
+    if args.active: return _tune_active(args, arms)
     from dml_book.tune import tuning_spec, tune, tuned_study, pretrained_tuned_study, PRETRAINED_TUNED_SEEDS
     from dml_book.tuning_report import counted
     t = tuning_spec(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS)
@@ -210,6 +217,28 @@ def tune_command(args, # the parsed command-line arguments
         p = pretrained_tuned_study(t, args.results, args.storage)   # fine-tuning the pretrained backbone, five seeds
         seeds = {a: STUDY_SEEDS[:PRETRAINED_TUNED_SEEDS] for a in p.arms}
         print(run_study(p, args.results, jobs=args.jobs, seeds=seeds).groupby("variant").mean(numeric_only=True).round(4).to_string())
+    return 0
+
+# %% ../nbs/10_cli.ipynb #d7847cdd
+def _tune_active(args, # the parsed command-line arguments (`--active`)
+                 arms: tuple | None, # the arms to tune (None: both)
+                ) -> int:
+    "`dml-book tune --active`: trials under the method's criterion, each arm's candidates on the full schedule, and (`--decide`) the study at the picks."
+    from dml_book.tune import TRIALS, TRIAL_EPOCHS, tune
+    from dml_book.selection import active_tuning, run_selection, write_selection, write_infeasible, active_study, study_cost, regret
+    from dml_book.study_design import run_study
+    t = active_tuning(args.study, "pretrained" if args.pretrained else "from scratch", trials=args.trials or TRIALS, epochs=args.epochs or TRIAL_EPOCHS)
+    arms = arms or tuple(t.spaces)
+    tune(t, args.results, args.storage, args.jobs, arms)
+    run_selection(t, arms, args.results, jobs=args.jobs)
+    for a in arms:
+        sel = write_selection(t, a, args.results); r = regret(sel)
+        print(f"{t.study.name}/{a}: " + (f"picked trial {int(sel[sel.picked].candidate.iloc[0])} at the full schedule (regret of the short trials' pick "
+                                         f"{r:.2f} points)" if r is not None else "no candidate kept the mechanism at work"))
+    if (why := write_infeasible(t, args.results)) is not None: print(f"{t.study.name}: {why['why']}; nothing to decide (infeasible.json)"); return 0
+    if args.decide:
+        print(run_study(active_study(t, args.results), args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
+        print("cost, process minutes by phase and device:", study_cost(t, args.results))
     return 0
 
 # %% ../nbs/10_cli.ipynb #9e172344

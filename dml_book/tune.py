@@ -15,14 +15,14 @@ from .study_design import (Study, study_spec, config_fields, arm_differences, ch
                                    _relative_paths)
 
 # %% auto #0
-__all__ = ['SEARCH_SPACES', 'TRIALS', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT', 'CONFIRM_SECONDS',
-           'PRETRAINED_TUNED_SEEDS', 'SHARED_SWAP', 'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec',
-           'check_trial', 'calibration_configs', 'calibrate_trial_length', 'trial_length_check', 'rank_agreement',
-           'default_storage', 'shown', 'sqlite_file', 'open_storage', 'creation_lock', 'validation_trainer',
-           'run_trial', 'constraint_value', 'record_constraint', 'optuna_study', 'trial_folder', 'trial_origin',
-           'fail_stale', 'claim', 'beating', 'own_failure', 'run_one', 'finished_run', 'recover_finished', 'tune',
-           'tuning_plan', 'plan_lines', 'needs_confirmation', 'trials_frame', 'write_trials', 'best_values',
-           'tuned_study', 'pretrained_tuned_study', 'shared_swap_study']
+__all__ = ['SEARCH_SPACES', 'TRIALS', 'ACTIVE', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT',
+           'CONFIRM_SECONDS', 'PRETRAINED_TUNED_SEEDS', 'SHARED_SWAP', 'Knob', 'set_fields', 'knob_values', 'Tuning',
+           'tuning_spec', 'check_trial', 'calibration_configs', 'calibrate_trial_length', 'trial_length_check',
+           'rank_agreement', 'default_storage', 'shown', 'sqlite_file', 'open_storage', 'creation_lock',
+           'validation_trainer', 'run_trial', 'constraint_value', 'record_constraint', 'optuna_study', 'trial_folder',
+           'trial_origin', 'fail_stale', 'claim', 'beating', 'own_failure', 'run_one', 'finished_run',
+           'recover_finished', 'tune', 'tuning_plan', 'plan_lines', 'needs_confirmation', 'trials_frame',
+           'write_trials', 'best_values', 'tuned_study', 'pretrained_tuned_study', 'shared_swap_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -132,6 +132,7 @@ SEARCH_SPACES = {   # study -> arm -> knobs; fixed before any trial (the page pr
                       Knob("method_kwargs.update_every", choices=(10, 30, 60)))},
 }
 TRIALS = 20          # trials per arm, the same for both arms of a study
+ACTIVE = "-active"   # the suffix of a method's arm searched with its mechanism at work (`selection.active_tuning`)
 TRIAL_EPOCHS = 10    # epochs of a trial (its cosine schedule over them); chosen on validation: `calibration/trial_length`
 TUNING_SEED = 0      # the seed of every trial's run (trials differ in their settings) and of the sampler
 
@@ -604,7 +605,7 @@ def _seconds_per_epoch(store, name: str, arm: str) -> tuple[float | None, str]:
             if secs: return sum(secs) / len(secs) / epochs, "this storage's trials"
     try:
         from dml_book.results import results_dir
-        run = results_dir()/name/arm/"seed0"
+        run = results_dir()/name/arm.removesuffix(ACTIVE)/"seed0"   # the method's own run times its arm searched with the mechanism at work
         info, cfg = json.loads((run/"run.json").read_text()), json.loads((run/"metrics.json").read_text())["config"]
         gpu = str(info.get("device", "cpu")).startswith("cuda")
         if gpu and not os.path.exists("/dev/nvidia0"): return None, ""   # a GPU's time says nothing of this machine's CPU
@@ -614,13 +615,18 @@ def _seconds_per_epoch(store, name: str, arm: str) -> tuple[float | None, str]:
 def tuning_plan(name: str, # a study with a search space
                 trials: int = TRIALS, epochs: int = TRIAL_EPOCHS, # per arm, and a trial's length
                 results="results", storage: str | None = None, # as `tune`
-                arms: tuple | None = None, jobs: int = 1) -> dict:
+                arms: tuple | None = None, jobs: int = 1,
+                active: bool = False, # the method searched with its mechanism at work (`selection.active_tuning`): arms baseline, <name>-active
+                pretrained: bool = False, # the tuning of the pretrained regime (`pretrained/<name>`; with `active` only)
+               ) -> dict:
     "What `tune` is about to do, read without training or torch: per arm the trials left and their time; the estimate in seconds (None: no time to go by)."
     import optuna
     from dml_book.registry import check_choice
     check_choice("study to tune", name, sorted(SEARCH_SPACES))
-    arms = tuple(arms or SEARCH_SPACES[name])
-    for a in arms: check_choice("arm", a, sorted(SEARCH_SPACES[name]))
+    allowed = ("baseline", name + ACTIVE) if active else tuple(SEARCH_SPACES[name])
+    arms = tuple(arms or allowed)
+    for a in arms: check_choice("arm", a, sorted(allowed))
+    if pretrained: name = f"pretrained/{name}"
     url = storage or default_storage(results, name); db = sqlite_file(url)
     store = None if db is not None and not db.is_file() else open_storage(url)   # no file yet: `tune` makes it, not the plan
     left, per, source = {}, {}, set()
