@@ -9,11 +9,15 @@ export PYTHONHASHSEED ?= 0
 
 .PHONY: demo test install readme docs preview clean
 
+# The install step: the Python packages in .venv, then the Debian packages the tests use (tools/system_packages.sh:
+# installed with apt-get as root, else the command is printed and the tests that need them are skipped).
 install: $(STAMP)
+	@sh tools/system_packages.sh
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@sh tools/system_packages.sh
 	@touch $@
 
 demo: $(STAMP)

@@ -170,7 +170,7 @@ def _add_tune_command(sub, values: bool = True): # the subparsers; whether to sh
     tu.add_argument("--trials", type=_positive, default=None, help=f"complete trials per arm (default: {trials})")
     tu.add_argument("--epochs", type=_positive, default=None, help=f"epochs of a trial (default: {epochs})")
     tu.add_argument("--jobs", type=_positive, default=1, help="trials side by side, one process each (default: 1)")
-    tu.add_argument("--storage", default=None, help="an SQLAlchemy URL, e.g. postgresql://user@host/db for many machines "
+    tu.add_argument("--storage", default=None, help="an SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db for many machines (the cluster extra) "
                     "(default: sqlite in RESULTS/STUDY/tuning/optuna.db)")
     tu.add_argument("--results", default="results", help="the results store (default: results)")
     tu.add_argument("--yes", action="store_true", help="start without asking, even more than an hour of work (default: ask on a terminal, refuse elsewhere)")
