@@ -182,7 +182,9 @@ def _confirmed(plan: dict) -> bool:
     from dml_book.tune import _duration
     what = f"about {_duration(plan['seconds'])} of training" if plan["seconds"] is not None else "training of unknown length"
     if not sys.stdin.isatty(): raise ConfigError(f"this is {what} ({sum(plan['left'].values())} trials): pass --yes to start it")
-    if input(f"Start {what}? [y/N] ").strip().lower() in ("y", "yes"): return True
+    try: answer = input(f"Start {what}? [y/N] ")
+    except EOFError: answer = ""   # Ctrl-D: no
+    if answer.strip().lower() in ("y", "yes"): return True
     print("Nothing started."); return False
 
 def tune_command(args, # the parsed command-line arguments

@@ -47,11 +47,11 @@ class _Terminal(io.StringIO):
 
 class _Started(Exception): pass
 
-@pytest.mark.parametrize("answer,argv", [("n\n", []), ("y\n", []), ("", ["--yes"])])
+@pytest.mark.parametrize("answer,argv", [("n\n", []), ("no-eof", []), ("y\n", []), ("", ["--yes"])])
 def test_on_a_terminal_it_asks_and_only_a_yes_starts(tmp_path, monkeypatch, capsys, answer, argv):
     def started(*a, **k): raise _Started
     monkeypatch.setattr(T, "tune", started)
-    monkeypatch.setattr(sys, "stdin", _Terminal(answer) if not argv else io.StringIO(""))
+    monkeypatch.setattr(sys, "stdin", _Terminal("" if answer == "no-eof" else answer) if not argv else io.StringIO(""))   # "": Ctrl-D
     if answer.startswith("n"):
         assert cli.main(["tune", "dcml", "--results", str(tmp_path), *argv]) == 1
         assert capsys.readouterr().out.splitlines()[-1].endswith("[y/N] Nothing started.")
