@@ -170,7 +170,7 @@ def _add_tune_command(sub, values: bool = True): # the subparsers; whether to sh
     tu.add_argument("--trials", type=_positive, default=None, help=f"complete trials per arm (default: {trials})")
     tu.add_argument("--epochs", type=_positive, default=None, help=f"epochs of a trial (default: {epochs})")
     tu.add_argument("--jobs", type=_positive, default=1, help="trials side by side, one process each (default: 1)")
-    tu.add_argument("--storage", default=None, help="an SQLAlchemy URL, e.g. postgresql://user@host/db for many machines "
+    tu.add_argument("--storage", default=None, help="an SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db for many machines (the cluster extra) "
                     "(default: sqlite in RESULTS/STUDY/tuning/optuna.db)")
     tu.add_argument("--results", default="results", help="the results store (default: results)")
     tu.add_argument("--yes", action="store_true", help="start without asking, even more than an hour of work (default: ask on a terminal, refuse elsewhere)")
@@ -186,7 +186,9 @@ def _confirmed(plan: dict) -> bool:
     from dml_book.tune import _duration
     what = f"about {_duration(plan['seconds'])} of training" if plan["seconds"] is not None else "training of unknown length"
     if not sys.stdin.isatty(): raise ConfigError(f"this is {what} ({sum(plan['left'].values())} trials): pass --yes to start it")
-    if input(f"Start {what}? [y/N] ").strip().lower() in ("y", "yes"): return True
+    try: answer = input(f"Start {what}? [y/N] ")
+    except EOFError: answer = ""   # Ctrl-D: no
+    if answer.strip().lower() in ("y", "yes"): return True
     print("Nothing started."); return False
 
 def tune_command(args, # the parsed command-line arguments

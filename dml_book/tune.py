@@ -289,7 +289,8 @@ def open_storage(url: str, # an SQLAlchemy URL: sqlite:///path, postgresql+psyco
             return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
                               heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3))
     except (SQLAlchemyError, ImportError) as e:   # a malformed URL, a missing driver, a server that does not answer
-        hint = "; install the driver: pip install 'dml_book[cluster]' (psycopg 3: postgresql+psycopg://...)" if isinstance(e, ImportError) else ""
+        hint = ("; install its driver: pip install 'psycopg[binary]' (in a clone: pip install '.[cluster]'), and name it in the URL: "
+                "postgresql+psycopg://...") if isinstance(e, ImportError) else ""
         raise StudyError(f"storage {shown(url)} cannot be opened: {_hidden(url, str(e).splitlines()[0] if str(e) else type(e).__name__)}{hint}") from None
 
 

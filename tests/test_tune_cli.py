@@ -47,11 +47,11 @@ class _Terminal(io.StringIO):
 
 class _Started(Exception): pass
 
-@pytest.mark.parametrize("answer,argv", [("n\n", []), ("y\n", []), ("", ["--yes"])])
+@pytest.mark.parametrize("answer,argv", [("n\n", []), ("no-eof", []), ("y\n", []), ("", ["--yes"])])
 def test_on_a_terminal_it_asks_and_only_a_yes_starts(tmp_path, monkeypatch, capsys, answer, argv):
     def started(*a, **k): raise _Started
     monkeypatch.setattr(T, "tune", started)
-    monkeypatch.setattr(sys, "stdin", _Terminal(answer) if not argv else io.StringIO(""))
+    monkeypatch.setattr(sys, "stdin", _Terminal("" if answer == "no-eof" else answer) if not argv else io.StringIO(""))   # "": Ctrl-D
     if answer.startswith("n"):
         assert cli.main(["tune", "dcml", "--results", str(tmp_path), *argv]) == 1
         assert capsys.readouterr().out.splitlines()[-1].endswith("[y/N] Nothing started.")
@@ -77,3 +77,11 @@ def test_the_plan_of_a_resumed_storage_counts_its_trials_and_times_them(tmp_path
     assert lines[1] == "Trials left: baseline 1 of 3." and lines[2].startswith("Estimate: about 40 s with 2 processes") and "this storage's trials" in lines[2]
     both = T.tuning_plan("tiny", 3, 4, tmp_path)   # the other arm has no stored time: no estimate, so it asks
     assert both["seconds"] is None and T.needs_confirmation(both) and "Estimate: none" in T.plan_lines(both)[2]
+
+
+def test_ctrl_c_says_the_interrupted_trials_are_retried(tmp_path, monkeypatch, capsys):
+    def interrupted(*a, **k): raise KeyboardInterrupt
+    monkeypatch.setattr(T, "tune", interrupted)
+    assert cli.main(["tune", "dcml", "--results", str(tmp_path), "--yes"]) == 130
+    err = capsys.readouterr().err
+    assert err == f"dml-book: interrupted; {cli.INTERRUPTED['tune']}\n" and "retried with their settings" in err

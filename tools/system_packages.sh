@@ -1,6 +1,7 @@
 #!/bin/sh
 # The Debian packages the tests use besides Python's (`make install` runs this; so can you, at any time):
 #   chromium   headless screenshots of the offline preview (tests/test_site.py)
+#   postgresql a database server for the cluster path of tuning (tests/test_tune_postgres.py)
 # One package a line in PACKAGES below. Those missing are installed with apt-get when this runs as root on a system
 # that has it; otherwise the command that installs them is printed and the tests that need them are skipped, each
 # naming the same command. Exit status 0 either way: a machine without them still builds and runs the other tests.
@@ -8,6 +9,7 @@
 #   tools/system_packages.sh --command  print the install command for what is missing (nothing when all are present)
 PACKAGES="
 chromium
+postgresql
 "
 missing=""
 for p in $PACKAGES; do

@@ -1,0 +1,104 @@
+"""The cluster path against a real database: a PostgreSQL server from Debian's package on a Unix socket in a temporary
+folder; two tuning processes started at once on one fresh database (both creating its tables), one of them killed
+with kill -9 in the middle of a trial, then a resume: every trial counted once (issue 62, item 9)."""
+import glob, json, os, pwd, shutil, signal, subprocess, sys, tempfile, textwrap, time
+from pathlib import Path
+import pytest
+
+INSTALL = "sh tools/system_packages.sh (apt-get install -y postgresql), and pip install -e '.[cluster]' for the driver"
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    "The URL of a fresh database `tune` on a PostgreSQL server of its own (a socket in a temporary folder, no TCP)."
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found: pytest.skip(f"no PostgreSQL server installed: {INSTALL}")
+    pytest.importorskip("psycopg", reason=f"no PostgreSQL driver: {INSTALL}")
+    bin_, folder = Path(found[-1]).parent, Path(tempfile.mkdtemp(prefix="pg-"))   # short: a socket's path has at most 107 bytes
+    who = {}
+    if os.geteuid() == 0:   # the server refuses to run as root: it runs as an unprivileged user
+        try: user = pwd.getpwnam("nobody")
+        except KeyError: pytest.skip("running as root with no user 'nobody' to run PostgreSQL as")
+        os.chown(folder, user.pw_uid, user.pw_gid); who = dict(user=user.pw_uid, group=user.pw_gid)
+    run = lambda *cmd: subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True, cwd=folder, **who)
+    run(bin_/"initdb", "-D", folder/"data", "-U", "dml", "--auth=trust", "-E", "UTF8")
+    run(bin_/"pg_ctl", "-D", folder/"data", "-l", folder/"log", "-w", "-o", f"-k {folder} -h ''", "start")
+    try:
+        run(bin_/"createdb", "-h", folder, "-U", "dml", "tune")
+        yield f"postgresql+psycopg://dml@/tune?host={folder}"
+    finally:
+        run(bin_/"pg_ctl", "-D", folder/"data", "-m", "immediate", "-w", "stop")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+SCRIPT = textwrap.dedent("""
+    import sys; sys.path.insert(0, {tests!r})
+    from test_tune import tiny_tuning, barrier
+    from dml_book.tune import tune
+    barrier({ready!r}, {n})   # after the imports: both create the tables at once
+    tune(tiny_tuning(trials=3, epochs=4), {results!r}, storage={url!r}, heartbeat=2, arms=("baseline",))
+""")
+
+
+def _tuning(tmp_path, url, n, ready):
+    code = SCRIPT.format(tests=str(Path(__file__).parent), ready=str(ready), n=n, results=str(tmp_path), url=url)
+    return subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_two_processes_share_a_fresh_postgresql_database_through_a_kill_and_a_resume(tmp_path, postgres):
+    import optuna
+    from dml_book import tune as T
+    from test_tune import tiny_tuning
+    procs = {p.pid: p for p in (_tuning(tmp_path, postgres, 2, tmp_path/"ready") for _ in range(2))}
+    folder, deadline, victim = tmp_path/"tiny"/"tuning"/"baseline", time.time() + 300, None
+    while victim is None and any(p.poll() is None for p in procs.values()) and time.time() < deadline:
+        for f in folder.glob("trial*/checkpoint.pt"):   # a trial part-way: its folder's lock names the process training it
+            try: victim = procs.get(int((f.parent/".lock").read_text().strip()))
+            except (OSError, ValueError): continue
+            if victim is not None and victim.poll() is None: break
+            victim = None
+        time.sleep(0.02)
+    assert victim is not None, [p.communicate()[0] for p in procs.values() if p.poll() is not None]
+    os.kill(victim.pid, signal.SIGKILL); victim.wait()
+    [survivor] = [p for p in procs.values() if p is not victim]
+    out = survivor.communicate(timeout=600)[0]
+    assert survivor.returncode == 0, out
+    resumed = _tuning(tmp_path, postgres, 1, tmp_path/"ready-again")
+    out = resumed.communicate(timeout=600)[0]
+    assert resumed.returncode == 0, out
+    tuning = tiny_tuning(trials=3, epochs=4)
+    study = optuna.load_study(study_name="tiny/baseline", storage=T.open_storage(postgres))
+    frame = T.trials_frame(study, tuning.trials)
+    origin = frame.retry_of.fillna(frame.number).astype(int)
+    done = frame[frame.state == "COMPLETE"]
+    assert frame.counted.sum() == 3 and origin[frame.counted].is_unique, frame          # three settings, each counted once
+    assert origin[frame.state == "COMPLETE"].is_unique, frame                            # none completed twice
+    assert (frame.state == "FAIL").sum() >= 1, frame                                     # the killed trial failed ...
+    assert set(origin[frame.state == "FAIL"]) <= set(origin[frame.counted]), frame      # ... and ran again to the end
+    assert json.loads(done[done["first"]].params.iloc[0]) == tuning.first("baseline")
+    assert sorted(p.name for p in folder.glob("trial[0-9]*")) == sorted(f"trial{n}" for n in origin[frame.counted])
+    assert T.recover_finished(study, folder, tuning, "baseline") == []                  # nothing left to recover
+
+
+OPEN = textwrap.dedent("""
+    import sys; sys.path.insert(0, {tests!r})
+    from test_tune import barrier
+    from dml_book import tune as T
+    barrier({ready!r}, 3)
+    T.open_storage({url!r})
+""")
+
+@pytest.mark.slow
+def test_three_processes_create_the_tables_of_a_fresh_database_at_once(tmp_path, postgres):
+    "Without the lock in the database, three of four processes (here three at once) died with UniqueViolation (pg_type_typname_nsp_index) creating the tables."
+    import psycopg
+    from urllib.parse import parse_qs, urlparse
+    host = parse_qs(urlparse(postgres).query)["host"][0]
+    with psycopg.connect(host=host, user="dml", dbname="tune", autocommit=True) as c: c.execute("CREATE DATABASE fresh")
+    url = postgres.replace("/tune?", "/fresh?")
+    procs = [subprocess.Popen([sys.executable, "-c", OPEN.format(tests=str(Path(__file__).parent), ready=str(tmp_path/"ready"), url=url)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 3, outs
