@@ -9,15 +9,15 @@ export PYTHONHASHSEED ?= 0
 
 .PHONY: demo test install readme docs preview clean
 
-# The install step: the Python packages in .venv, then the Debian packages the tests use (tools/system_packages.sh:
-# installed with apt-get as root, else the command is printed and the tests that need them are skipped).
+# The install step (`make test` runs it first): the Python packages in .venv, then the Debian packages the tests use
+# (tools/system_packages.sh: installed with apt-get as root, else the command is printed and the tests that need them
+# are skipped, naming it). `make demo` needs the Python packages only.
 install: $(STAMP)
 	@sh tools/system_packages.sh
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
-	@sh tools/system_packages.sh
 	@touch $@
 
 demo: $(STAMP)
@@ -28,7 +28,7 @@ demo: $(STAMP)
 test: export OMP_NUM_THREADS = 1
 # nbdev-test runs on an identical copy of nbs/ with --save (tools/preview.py), so the chapters execute once and their
 # outputs build the offline preview; the experiment notebooks run under papermill; pytest then checks both.
-test: $(STAMP)
+test: install
 	$(BIN)/python tools/preview.py --out _preview
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 tests/
 

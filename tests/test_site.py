@@ -97,7 +97,9 @@ def test_system_packages_script_lists_chromium_and_no_test_runs_apt_get():
     script = (ROOT/"tools"/"system_packages.sh").read_text()
     listed = script.split('PACKAGES="', 1)[1].split('"', 1)[0].split()
     assert "chromium" in listed
-    assert "tools/system_packages.sh" in (ROOT/"Makefile").read_text().split("$(STAMP): pyproject.toml", 1)[1].split("\n\n", 1)[0]
+    make = (ROOT/"Makefile").read_text()
+    assert "sh tools/system_packages.sh" in make.split("\ninstall:", 1)[1].split("\n\n", 1)[0]   # make install's step
+    assert re.search(r"^test: install$", make, re.M)   # which make test runs first
     for f in (ROOT/"tests").glob("*.py"):
         code = f.read_text()
         assert not re.search(r"[\"']apt(-get)?[\"']\s*,\s*[\"']install", code), f"{f.name} runs apt-get"
