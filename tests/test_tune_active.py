@@ -47,3 +47,18 @@ def test_a_candidate_runs_the_full_schedule_with_its_seed(tmp_path):
     for k, s, cfg in plan:
         assert cfg.epochs == TINY.epochs and cfg.seed == s and cfg.out.endswith(f"tiny/tuning/dmml/selection/trial{k}/seed{s}")
         assert cfg.method_kwargs["n_support"] == (3 if k == 1 else 2) and cfg.lr_head == 1e-3
+
+def _cli(*args, cwd):
+    import subprocess, sys, os
+    return subprocess.run([sys.executable, "-m", "dml_book.cli", *args], cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
+
+def test_tune_active_plans_the_method_arm_and_waits_for_a_yes(tmp_path):
+    r = _cli("tune", "dcml", "--active", "--results", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--yes" in r.stderr, r.stderr
+    assert "arms baseline, dcml-active" in r.stdout and "dcml-active 20 of 20" in r.stdout, r.stdout
+    assert not (tmp_path/"dcml"/"tuning"/"dcml-active").exists()   # nothing trained before the yes
+    r = _cli("tune", "dcml", "--pretrained", "--results", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "add --active" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
+    r = _cli("tune", "dcml", "--active", "--arm", "dcml", "--results", str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "dcml-active" in r.stderr, r.stderr   # the plain method arm is not an arm of the active tuning
