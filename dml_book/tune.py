@@ -199,8 +199,11 @@ def check_trial(tuning: Tuning, arm: str, cfg):
 # %% ../nbs/11e_tune.ipynb #733def43
 CALIBRATION_STUDIES = ("dcml", "dmml")   # their runs trained on this CPU in fp32 (of the stored trials, only DCML's did too)
 
-def calibration_configs(results="results", studies=CALIBRATION_STUDIES) -> dict:
+def calibration_configs(results=None, # the results store (None: `results_dir()`)
+                        studies=CALIBRATION_STUDIES) -> dict:
     "`<study>-<arm>` -> the stored seed-0 configuration of every arm of `studies` (its full 30-epoch schedule)."
+    from dml_book.results import results_dir
+    results = results_dir() if results is None else results
     from dml_book.train import TrainConfig
     out = {}
     for s in studies:
@@ -219,8 +222,11 @@ def calibrate_trial_length(epochs: int, # the candidate trial length
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         return list(pool.map(run_trial, todo, [_threads(jobs)] * len(todo), [results] * len(todo)))
 
-def trial_length_check(results="results") -> pd.DataFrame | None:
+def trial_length_check(results=None, # the results store (None: `results_dir()`)
+                      ) -> pd.DataFrame | None:
     "Per calibration configuration: validation R@1 at the end of each stored trial length and of the full schedule (seed 0)."
+    from dml_book.results import results_dir
+    results = results_dir() if results is None else results
     rows = []
     for f in sorted(Path(results).glob("calibration/trial_length/e*/*/metrics.json")):
         study, arm = f.parent.name.split("-", 1)

@@ -81,12 +81,12 @@ def best_settings(tuning: Tuning, # the tuning
 
 # %% ../nbs/11f_tuning_report.ipynb #1af272be
 def tuning_progress(trials: pd.DataFrame, budget: int = TRIALS) -> pd.DataFrame:
-    "Per arm: complete trials against the budget, the best validation R@1 (points) and its trial's settings."
+    "Per arm: complete trials against the budget, their process minutes (on whatever device they ran), the best validation R@1 (points) and its trial."
     rows = []
     for arm, g in trials.groupby("arm"):
         done = counted(g); best = done.loc[done.val_R1.idxmax()] if len(done) else None
         first = g[g["first"]]
-        rows.append(dict(arm=arm, complete=len(done), budget=budget, cpu_minutes=round(g.cpu_seconds.sum() / 60, 1),
+        rows.append(dict(arm=arm, complete=len(done), budget=budget, process_minutes=round(g.cpu_seconds.sum() / 60, 1),
                          first_val_R1=round(100 * first.val_R1.max(), 2) if len(first) else None,
                          best_val_R1=None if best is None else round(100 * best.val_R1, 2), best_trial=None if best is None else int(best.number)))
     return pd.DataFrame(rows).set_index("arm")
