@@ -107,6 +107,7 @@ def distance_log_weights(d: Tensor, # distances between unit vectors, any shape
 @MINERS.register("distance_weighted")
 class DistanceWeightedMiner(Miner):
     "One negative per positive pair, drawn with probability proportional to 1/q(d) (Wu et al. 2017, Sec. 4)."
+    unbounded = ("nonzero_loss_cutoff",)   # inf: no upper cutoff (DCML's official miner draws from every distance)
     def __init__(self, cutoff: float = 0.5, # distances are clipped from below at this value
                  nonzero_loss_cutoff: float = 1.4, # negatives at or beyond this distance are never drawn
                  normalize: bool = True): # q(d) lives on the unit sphere: the weights always use normalised embeddings

@@ -73,3 +73,12 @@ def assert_lines_match(meta: dict, repo: Path):
     for key, at in meta["functions"].items():
         path, line = at.rsplit(":", 1)
         assert (repo / path).read_text().splitlines()[int(line) - 1].strip() == meta["lines"][key], f"{key}: {at} moved"
+
+
+def assert_fresh_fixture(folder: Path, name: str, meta: dict, stored):
+    "The fixture a fresh run of the generator wrote in `folder` (`<name>.json`, `<name>.npz`) is the stored one: metadata equal, arrays by `assert_parity`."
+    import json
+    assert json.loads((folder / f"{name}.json").read_text()) == meta
+    fresh = np.load(folder / f"{name}.npz")
+    assert set(fresh) == set(stored)
+    for k in stored: assert_parity(fresh[k], stored[k])

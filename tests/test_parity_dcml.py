@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from dml_book.methods.dcml import DCML, Compositor, compose, rein_loss, concatenate
 from dml_book.losses import MarginLoss
 from dml_book.distances import euclidean
-from parity import assert_lines_match, assert_parity, fresh_run, official_copy, rel   # tests/parity.py
+from parity import assert_fresh_fixture, assert_lines_match, assert_parity, fresh_run, official_copy, rel   # tests/parity.py
 
 HERE = Path(__file__).parent / "fixtures" / "parity"
 FX = {k: torch.tensor(v) for k, v in np.load(HERE / "dcml.npz").items()}
@@ -80,10 +80,7 @@ def test_cited_lines_and_numbers_match_a_fresh_run(tmp_path):
     repo = official_copy("DCML", META["commit"])
     assert_lines_match(META, repo)
     fresh_run("parity_dcml.py", repo, tmp_path)
-    assert json.loads((tmp_path / "dcml.json").read_text()) == META
-    fresh = np.load(tmp_path / "dcml.npz")
-    assert set(fresh) == set(FX)
-    for k in FX: assert_parity(fresh[k], FX[k])
+    assert_fresh_fixture(tmp_path, "dcml", META, FX)
 
 
 def test_weights_and_composites_equal_the_official_without_the_sign_score():

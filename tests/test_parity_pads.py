@@ -12,7 +12,7 @@ import torch
 from dml_book.methods.pads import BinnedDistribution, bin_index, negative_weights, init_probs, class_distances
 from dml_book.distances import euclidean
 from dml_book.methods.pads_policy import PolicyLearner, TrainingState, apply_actions, reward
-from parity import RTOL, assert_lines_match, assert_parity, fresh_run, official_copy, rel   # tests/parity.py
+from parity import RTOL, assert_fresh_fixture, assert_lines_match, assert_parity, fresh_run, official_copy, rel   # tests/parity.py
 
 HERE = Path(__file__).parent / "fixtures" / "parity"
 F = dict(np.load(HERE / "pads.npz"))
@@ -98,10 +98,7 @@ def test_cited_lines_and_numbers_match_a_fresh_run(tmp_path):
     repo = official_copy("CVPR2020_PADS", META["commit"])
     assert_lines_match(META, repo)
     fresh_run("parity_pads.py", repo, tmp_path)
-    assert json.loads((tmp_path / "pads.json").read_text()) == META
-    fresh = np.load(tmp_path / "pads.npz")
-    assert set(fresh) == set(F)
-    for k in F: assert_parity(fresh[k], F[k])
+    assert_fresh_fixture(tmp_path, "pads", META, F)
 
 
 def test_state_vector_equals_the_official(run):

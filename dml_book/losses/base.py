@@ -88,14 +88,16 @@ def check_finite(embeddings: Tensor, # (B, D) the batch to check
 # %% ../../nbs/04_losses.base.ipynb #621a8977
 def finite_numbers(cls, # a class whose constructor takes numbers (a loss, a miner)
                   ):
-    "`cls` with its own `__init__` wrapped to refuse (`ValueError`) an argument that is a NaN or infinite float."
+    """`cls` with its own `__init__` wrapped to refuse (`ValueError`) an argument that is a NaN or infinite float; a
+    parameter named in the class's `unbounded` may be +inf (a cutoff of inf: no cutoff)."""
     init = cls.__dict__.get("__init__")
     if init is None or getattr(init, "checks_numbers", False): return cls
     sig = inspect.signature(init)
     @functools.wraps(init)
     def checked(self, *args, **kwargs):
         for k, v in sig.bind(self, *args, **kwargs).arguments.items():
-            if isinstance(v, float) and not math.isfinite(v): raise ValueError(f"{cls.__name__}: {k}={v} is not a finite number")
+            if isinstance(v, float) and not math.isfinite(v) and not (v == math.inf and k in getattr(cls, "unbounded", ())):
+                raise ValueError(f"{cls.__name__}: {k}={v} is not a finite number")
         init(self, *args, **kwargs)
     checked.checks_numbers = True; cls.__init__ = checked
     return cls
