@@ -201,9 +201,9 @@ def tune_command(args, # the parsed command-line arguments
     plan = tuning_plan(args.study, args.trials or TRIALS, args.epochs or TRIAL_EPOCHS, args.results, args.storage, arms, args.jobs,
                        active=args.active, pretrained=args.pretrained)
     print(*plan_lines(plan), sep="\n", flush=True)
-    from dml_book.config import check_jobs
-    check_jobs(args.jobs)   # one process per core at most, before any work
     if needs_confirmation(plan) and not args.yes and not _confirmed(plan): return 1
+    from dml_book.config import check_jobs   # imports torch: after the plan and the answer
+    check_jobs(args.jobs)   # one process per core at most, before any work
     if args.active: return _tune_active(args, arms)
     from dml_book.tune import tuning_spec, tune, tuned_study, pretrained_tuned_study, PRETRAINED_TUNED_SEEDS
     from dml_book.tuning_report import counted
