@@ -126,12 +126,12 @@ def findings(methods=None, # method names (default: each study at the top of the
 def finding_text(f: dict | None, # a `finding`
                 ) -> str:
     """A finding in a table cell: '-17.2 (-18.1 to -16.2), 17 seeds: worse'; with its family's Holm adjustment and its
-    mechanism (a row of `findings`): '... worse (p < 0.001, Holm: worse; mechanism at work in 5 of 5 seeds)'; 'no study stored' for None."""
+    mechanism (a row of `findings`): '... worse (p < 0.001, Holm: worse; mechanism at work: its criterion met in 5 of 5 seeds)'; 'no study stored' for None."""
     if f is None: return "no study stored"
     text = f"{f['diff']:+.1f} ({f['low']:+.1f} to {f['high']:+.1f}), {f['seeds']} seeds: {f['decided']}"
     if "p_holm" not in f: return text
     p = "p < 0.001" if f["p"] < 0.001 else f"p = {f['p']:.2g}"
-    mech = f"; mechanism {f['mechanism']} in {f['mechanism_seeds']} seeds" if f.get("mechanism") else ""
+    mech = f"; mechanism {f['mechanism']}: its criterion met in {f['mechanism_seeds']} seeds" if f.get("mechanism") else ""
     return text + f" ({p}, Holm: {f['holm']}{mech})"
 
 def verdict_cell(method: str, # a method's name
