@@ -46,7 +46,8 @@ def mechanism_label(study, # a study's folder
     'at work' where at least `ACTIVE_SHARE` of the seeds that can say met it, else 'tuned away' (tuned settings) or 'not at
     work'; None where no run can say. `mechanism_seeds`: 'met of known'."""
     from dml_book.study import mechanism_table, active_share, mechanism_at_work
-    table = mechanism_table(study, arm); at_work = mechanism_at_work(table); met, known = active_share(table)
+    table = mechanism_table(study, arm, logs=False)   # what every seed keeps (and a wheel ships): metrics.json, not the reference seed's step log
+    at_work = mechanism_at_work(table); met, known = active_share(table)
     if at_work is None: return dict(mechanism=None, mechanism_seeds=None)
     return dict(mechanism="at work" if at_work else "tuned away" if settings != SETTINGS_OWN else "not at work", mechanism_seeds=f"{met} of {known}")
 
@@ -118,6 +119,7 @@ def findings(methods=None, # method names (default: each study at the top of the
     methods = methods or sorted(p.parent.name for p in root.glob("*/study.json"))
     frame = pd.DataFrame([f for m in methods for r in REGIMES for s in SETTINGS if (f := finding(m, r, root, s)) is not None])
     if frame.empty: return frame
+    for c in ("mechanism", "mechanism_seeds"): frame[c] = frame[c].astype(object).where(frame[c].notna(), None)   # None, not NaN: a row equals itself
     frame["p_holm"] = holm(frame.p.tolist())
     frame["holm"] = [("better" if d > 0 else "worse") if q < alpha else "undecided" for d, q in zip(frame["diff"], frame.p_holm)]
     return frame

@@ -362,8 +362,10 @@ def _check_choice(name: str, choices: tuple, value):
     "`value` if it is one of `choices` (a string read as YAML when it is not: '1' for 1, 'null' for None); a `ParameterError` listing them otherwise."
     import yaml
     if isinstance(value, str) and value not in choices:
-        try: value = yaml.safe_load(value)
-        except yaml.YAMLError: pass
+        if None in choices and value in ("None", "null", "~"): value = None   # papermill's -p NAME None, as `check_parameter` reads it
+        else:
+            try: value = yaml.safe_load(value)
+            except yaml.YAMLError: pass
     if any(value == c and type(value) is type(c) for c in choices): return value
     raise ParameterError(f"parameter {name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
 
@@ -387,7 +389,6 @@ def check_parameter(name: str, # the parameter's name (for the error)
     if _admits(allowed, value): return value
     want = " or ".join("None" if t is type(None) else getattr(t, "__name__", str(t)) for t in allowed)
     raise ParameterError(f"parameter {name} must be {want}; got {value!r} ({type(value).__name__})")
-
 
 # %% ../nbs/11_results.ipynb #df9b1bef
 def check_parameters(namespace: dict, # the notebook's `globals()`: its `parameters` cell's annotations and values

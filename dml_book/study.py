@@ -366,6 +366,7 @@ def reference_run(method: str, # the method's study under `results/`; its varian
 
 # %% ../nbs/11a_study.ipynb #de061ff8
 def mechanism_of(run_dir, # a stored run's folder (`metrics.json`, perhaps `log.jsonl`)
+                 logs: bool = True, # compute from the step log where one is kept (False: only what every seed keeps, metrics.json)
                 ) -> dict | None:
     """A run's activity criterion: the one its `metrics.json` records (checked against `MECHANISM_SCHEMA`), else computed
     by its method's `activity` from its records; None for a method without one."""
@@ -378,7 +379,7 @@ def mechanism_of(run_dir, # a stored run's folder (`metrics.json`, perhaps `log.
                                        "epochs": (lambda v: isinstance(v, list), "the epoch records")}, fix, max_bytes=256 << 20)
     if "mechanism" in m:
         return m["mechanism"] if m["mechanism"] is None else check_schema(m["mechanism"], MECHANISM_SCHEMA, run/"metrics.json", fix)
-    steps, epochs = read_log(run/"log.jsonl") if (run/"log.jsonl").is_file() else (pd.DataFrame(), pd.DataFrame(m["epochs"]))
+    steps, epochs = read_log(run/"log.jsonl") if logs and (run/"log.jsonl").is_file() else (pd.DataFrame(), pd.DataFrame(m["epochs"]))
     return declared_activity(METHODS.get(m["config"]["method"]), steps, epochs, m["config"])
 
 # %% ../nbs/11a_study.ipynb #cc959126
@@ -386,12 +387,13 @@ ACTIVE_SHARE = 0.8   # a study's method arm is "mechanism at work" when this sha
 
 def mechanism_table(study, # a study's folder (`results/<study>`)
                     arm: str, # the method's arm (a folder of `seed<k>/` runs)
+                    logs: bool = True, # read step logs where kept (`mechanism_of`)
                    ) -> pd.DataFrame:
     "Per seed run of `arm`: the criterion (each part with its threshold), its value, threshold and `active` (NA where the stored records cannot say); one column per part of a compound criterion."
     rows = []
     for run in sorted(Path(study, arm).glob("seed*"), key=lambda p: int(p.name[4:]) if p.name[4:].isdigit() else -1):
         if not (run/"metrics.json").is_file(): continue
-        c = mechanism_of(run)
+        c = mechanism_of(run, logs)
         if c is None: continue
         known = c["value"] is not None or any(p["value"] is not None for p in c.get("parts", []))
         declared = " and ".join(f"{p['criterion']} ≥ {p['threshold']:g}" for p in c.get("parts", [c]))

@@ -391,7 +391,7 @@ def test_a_rerun_with_other_epochs_continues_or_is_refused(two_epochs, tmp_path)
     (["train", *FAST, "--num-workers", "100000"], "num_workers=100000: this machine has"),
     (["train", *FAST, "--batch-size", "1000000"], "batch_size=1000000 is invalid: expected a positive integer, at most 65536"),
     (["train", *FAST, "--image-size", "100000"], "image_size=100000 is invalid: expected a whole number of pixels from 16 to 8192"),
-    (["tune", "ala", "--jobs", "100000"], "--jobs 100000: this machine has"),
+    (["tune", "ala", "--jobs", "100000", "--yes"], "--jobs 100000: this machine has"),   # after the plan (printed before torch), before any trial
     (["pretrain", "--images", "100000", "--no-progress"], "dataset 'glyphs_pretrain' takes images from 1 to 256"),
     (["pretrain", "--held-out", "5000", "--no-progress"], "takes held_out from 0 to 256"),
     (["pretrain", "--size", "100000", "--no-progress"], "takes size from 8 to 256"),

@@ -48,7 +48,7 @@ def test_readme_verdicts_equal_the_stored_studies(method):
     assert f"([study](nbs/experiments/{method}.ipynb))" in row
 
 
-MOVED = re.compile(r"(from scratch|pretrained), tuned: [^<]*? \(tuning moved the baseline ([+-]\d+\.\d), (\w+) ([+-]\d+\.\d)\)")
+MOVED = re.compile(r"(from scratch|pretrained), tuned: (?:(?!<br>).)*? \(tuning moved the baseline ([+-]\d+\.\d), (\w+) ([+-]\d+\.\d)\)")
 
 @pytest.mark.parametrize("method", METHODS)
 def test_readme_says_how_far_tuning_moved_each_arm(method):

@@ -107,12 +107,12 @@ def test_system_packages_script_lists_chromium_and_no_test_runs_apt_get():
 
 @pytest.mark.parametrize("installed", [False, True])
 def test_system_packages_script_names_what_is_missing(tmp_path, installed):
-    "With dpkg answering that chromium is (not) installed, `--command` prints nothing (the command that installs it)."
+    "With dpkg answering that every package is (not) installed, `--command` prints nothing (the command that installs them all)."
     stub = tmp_path/"dpkg-query"
     stub.write_text("#!/bin/sh\n" + ("printf 'install ok installed'\n" if installed else "exit 1\n")); stub.chmod(0o755)
     r = subprocess.run(["sh", str(ROOT/"tools"/"system_packages.sh"), "--command"], capture_output=True, text=True,
                        env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
-    assert r.returncode == 0 and r.stdout.strip() == ("" if installed else "sudo apt-get install -y chromium"), r
+    assert r.returncode == 0 and r.stdout.strip() == ("" if installed else "sudo apt-get install -y chromium postgresql"), r
 
 
 def _screenshot(chromium, url, png):

@@ -313,13 +313,17 @@ def plot_set_distances(steps, # step records of a DMML run (`read_log`): `d_pos`
 # %% ../../nbs/24_methods.dmml.ipynb #ed0b134b
 def set_distance_sentence(steps, # step records of a DMML run (`read_log`): `d_pos`, `d_neg`, `episode_acc`
                           margin: float = 0.4, # the margin tau of eq. (7)
+                          n_support: int = 2, # support images per meta-cell (one: the set distances are plain distances)
                          ) -> str:
     "The per-epoch means of the set distances, their gap in margins and the episode accuracy, first and last epoch."
     per = steps.groupby("epoch")[["d_pos", "d_neg", "episode_acc"]].mean()
     f, l = per.iloc[0], per.iloc[-1]
-    part = lambda r, e: (f"{r.d_pos:.3g} to the own meta-cell against {r.d_neg:.3g} to the others at epoch {e} "
+    own = "the own meta-cell" if n_support > 1 else "the own class's one support image"
+    part = lambda r, e: (f"{r.d_pos:.3g} to {own} against {r.d_neg:.3g} to the others at epoch {e} "
                          f"(a gap of {(r.d_neg - r.d_pos) / margin:.1f} margins, episode accuracy {r.episode_acc:.2f})")
-    return f"Mean set distances go from {part(f, per.index[0])} to {part(l, per.index[-1])}."
+    if n_support > 1: return f"Mean set distances go from {part(f, per.index[0])} to {part(l, per.index[-1])}."
+    return (f"Each meta-cell holds one support image, so eqs. (9) and (10) are plain point distances and no set is compared: "
+            f"mean distances go from {part(f, per.index[0])} to {part(l, per.index[-1])}.")
 
 # %% ../../nbs/24_methods.dmml.ipynb #dd836760
 @patch(cls_method=True)
@@ -327,7 +331,8 @@ def diagnose(cls: DMML, steps, epochs, method_kwargs) -> list[str]:
     "The positive and negative set distances against the run's margin τ of eq. (7) (`plot_set_distances`) and their sentence: `Method.diagnose` for DMML."
     import inspect
     tau = method_kwargs.get("margin", inspect.signature(cls).parameters["margin"].default)
-    plot_set_distances(steps, tau); return [set_distance_sentence(steps, tau)]
+    n_support = method_kwargs.get("n_support", inspect.signature(cls).parameters["n_support"].default)
+    plot_set_distances(steps, tau); return [set_distance_sentence(steps, tau, n_support)]
 
 # %% ../../nbs/24_methods.dmml.ipynb #f431934f
 import inspect
