@@ -14,10 +14,12 @@ from .study_design import StudyError, _threads
 from .tune import ACTIVE
 
 # %% auto #0
-__all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'DATA_FIELDS', 'candidates', 'selection_folder', 'candidate_config',
-           'selection_plan', 'run_selection', 'selection_frame', 'pick', 'regret', 'write_selection', 'picked_values',
-           'data_knob', 'check_symmetric', 'active_tuning', 'active_study', 'active_swap_study', 'write_infeasible',
-           'study_cost', 'active_progress', 'show_active']
+__all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'DEVICE_FOLDER', 'DATA_FIELDS', 'candidates', 'selection_folder',
+           'candidate_config', 'selection_plan', 'run_selection', 'selection_frame', 'pick', 'regret',
+           'write_selection', 'picked_values', 'device_kind', 'this_device', 'trial_devices', 'rerun_plan',
+           'device_frame', 'device_agreement', 'run_reruns', 'arm_trials', 'data_knob', 'check_symmetric',
+           'active_tuning', 'active_study', 'active_swap_study', 'write_infeasible', 'study_cost', 'active_progress',
+           'show_active']
 
 # %% ../nbs/11g_selection.ipynb #4294b004
 SELECTION_CANDIDATES = 3   # settings of each arm that reach the study's full schedule
@@ -28,7 +30,7 @@ def candidates(trials: pd.DataFrame, # one arm's trials (`read_trials`): number,
               ) -> pd.DataFrame:
     "The arm's `n` best counted trials by validation R@1 (the earlier on a tie); only feasible ones where the trials say."
     done = trials[trials.counted] if "counted" in trials else trials[trials.state == "COMPLETE"]
-    if "feasible" in done: done = done[done.feasible.fillna(True).astype(bool)]   # empty: a trial searched without a criterion
+    if "feasible" in done: done = done[done.feasible.map(lambda f: True if pd.isna(f) else bool(f))]   # empty: a trial searched without a criterion
     return done.sort_values(["val_R1", "number"], ascending=[False, True]).head(n)
 
 # %% ../nbs/11g_selection.ipynb #f1c11c56
@@ -62,28 +64,36 @@ def selection_plan(tuning, # the `Tuning`
             for t in candidates(trials, n).itertuples() for s in seeds]
 
 # %% ../nbs/11g_selection.ipynb #62f4254d
+def _train(runs: list, # (key, configuration) pairs
+           results, # the results store
+           jobs: int, # runs side by side (processes)
+           say, # called with (key, final validation metrics) as each run finishes
+          ):
+    "Train (or resume) each configuration through `run_trial`, the tuning trials' runner, `jobs` side by side."
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing as mp
+    from dml_book.tune import run_trial
+    if jobs == 1:
+        for k, c in runs: say(k, run_trial(c, _threads(1), Path(results)))
+        return
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(run_trial, c, _threads(jobs), Path(results)): k for k, c in runs}
+        for f in as_completed(futures): say(futures[f], f.result())
+
 def run_selection(tuning, # the `Tuning`
                   arms, # the arms to select for
                   results, # the results store
                   jobs: int = 1, # runs side by side (processes)
                   log=print, # where a line per finished run goes
                  ) -> int:
-    "Train every missing candidate run of `arms` (resumable); how many were trained."
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    import multiprocessing as mp
-    from dml_book.tune import run_trial
+    "Train every missing candidate run of `arms` (resumable), after any trials that ran on another kind of device ran again here (`run_reruns`); how many candidate runs were trained."
     from dml_book.tuning_report import read_trials
     trials = read_trials(results, tuning.study.name)
     if trials is None: raise StudyError(f"tuning {tuning.study.name!r} has no stored trials.csv: run `dml-book tune {tuning.study.name}` first")
-    todo = [(a, k, s, c) for a in arms for k, s, c in selection_plan(tuning, a, trials[trials.arm == a], results)
+    run_reruns(tuning, arms, results, jobs, log)
+    todo = [((a, k, s), c) for a in arms for k, s, c in selection_plan(tuning, a, arm_trials(tuning, a, results, trials[trials.arm == a]), results)
             if not (Path(c.out)/"metrics.json").is_file()]
-    say = lambda a, k, s, final: log(f"{tuning.study.name}/{a}: candidate trial{k} seed{s}: validation R@1 {100 * final['val_R@1']:.2f}")
-    if jobs == 1:
-        for a, k, s, c in todo: say(a, k, s, run_trial(c, _threads(1), Path(results)))
-        return len(todo)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        runs = {pool.submit(run_trial, c, _threads(jobs), Path(results)): (a, k, s) for a, k, s, c in todo}
-        for f in as_completed(runs): say(*runs[f], f.result())
+    _train(todo, results, jobs, lambda key, final: log(f"{tuning.study.name}/{key[0]}: candidate trial{key[1]} seed{key[2]}: validation R@1 {100 * final['val_R@1']:.2f}"))
     return len(todo)
 
 # %% ../nbs/11g_selection.ipynb #0b409fee
@@ -107,9 +117,8 @@ def selection_frame(tuning, # the `Tuning`
                     judged: bool | None = None, # whether the arm's activity criterion decides (None: every arm but the baseline)
                     seeds=SELECTION_SEEDS, n: int = SELECTION_CANDIDATES) -> pd.DataFrame:
     "Per candidate: its trial, short and full-schedule validation R@1 (points), seeds finished, the criterion, the pick."
-    from dml_book.tuning_report import read_trials
     from dml_book.files import FileError
-    if trials is None: trials = read_trials(results, tuning.study.name); trials = trials[trials.arm == arm]
+    if trials is None: trials = arm_trials(tuning, arm, results)
     judged = arm != getattr(tuning.study, "baseline", "baseline") if judged is None else judged
     root, rows = selection_folder(results, tuning, arm), []
     for t in candidates(trials, n).itertuples():
@@ -160,6 +169,104 @@ def picked_values(tuning, # the `Tuning`
     frame = pd.read_csv(f)
     if not frame.picked.any(): raise StudyError(f"{tuning.study.name}/{arm}: no candidate was picked (none finished with its mechanism at work)")
     return json.loads(frame.loc[frame.picked, "params"].iloc[0])
+
+# %% ../nbs/11g_selection.ipynb #c0440aeb
+DEVICE_FOLDER = "device"   # an arm's trials trained again on the selection's device: <study>/tuning/<arm>/device/trial<n>/
+
+def device_kind(device: str) -> str:
+    "The kind of a torch device string: 'cuda:0' -> 'cuda', 'cpu' -> 'cpu'."
+    return str(device).split(":")[0]
+
+def this_device() -> str:
+    "The kind of device a run here trains on (`device='auto'`): cuda where torch sees a GPU, else cpu."
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+def trial_devices(tuning, # the `Tuning`
+                  arm: str, # the arm
+                  results, # the results store
+                  trials: pd.DataFrame, # the arm's trials (`read_trials`, one arm)
+                 ) -> dict:
+    "The kind of device each counted trial of the arm trained on, from its `run.json` (a retry ran in its first try's folder); None where unrecorded."
+    from dml_book.tuning_report import counted
+    root, out = Path(results)/tuning.study.name/"tuning"/arm, {}
+    for t in counted(trials).itertuples():
+        first = int(t.retry_of) if pd.notna(getattr(t, "retry_of", float("nan"))) else int(t.number)
+        f = root/f"trial{first}"/"run.json"
+        out[int(t.number)] = device_kind(json.loads(f.read_text()).get("device", "cpu")) if f.is_file() else None
+    return out
+
+def rerun_plan(tuning, # the `Tuning`
+               arm: str, # the arm
+               results, # the results store
+               trials: pd.DataFrame, # the arm's trials (`read_trials`, one arm)
+               here: str | None = None, # the selection's kind of device (None: `this_device()`)
+              ) -> list:
+    "(trial number, configuration) of every counted trial of the arm to train again on `here`: all of them if any ran on another kind of device, else none."
+    from dml_book.tuning_report import counted
+    here = this_device() if here is None else here
+    if all(d == here for d in trial_devices(tuning, arm, results, trials).values()): return []
+    root = Path(results)/tuning.study.name/"tuning"/arm/DEVICE_FOLDER
+    return [(int(t.number), tuning.trial(arm, json.loads(t.params), root/f"trial{int(t.number)}")) for t in counted(trials).itertuples()]
+
+# %% ../nbs/11g_selection.ipynb #e97aa7a0
+def device_frame(tuning, # the `Tuning`
+                 arm: str, # the arm
+                 results, # the results store
+                 trials: pd.DataFrame, # the arm's trials (`read_trials`, one arm)
+                ) -> pd.DataFrame:
+    "Per counted trial: where it ran and its validation R@1 there, where it ran again and its value there (fractions; NaN: not finished)."
+    from dml_book.tuning_report import counted
+    devices, root, rows = trial_devices(tuning, arm, results, trials), Path(results)/tuning.study.name/"tuning"/arm/DEVICE_FOLDER, []
+    for t in counted(trials).itertuples():
+        r, f = _run_record(root/f"trial{int(t.number)}"), root/f"trial{int(t.number)}"/"run.json"
+        rows.append(dict(number=int(t.number), device=devices[int(t.number)], val_R1=t.val_R1,
+                         rerun_device=device_kind(json.loads(f.read_text())["device"]) if r is not None and f.is_file() else None,
+                         rerun_val_R1=float("nan") if r is None else r["val_R1"], params=t.params))
+    return pd.DataFrame(rows)
+
+def device_agreement(frame: pd.DataFrame, # `device_frame`, every re-run finished
+                     n: int = SELECTION_CANDIDATES, # the leaders compared
+                    ) -> dict:
+    "How far the device moved the arm's ranking: Spearman's rho of the two values, and whether the same `n` trials lead on both."
+    from scipy.stats import spearmanr
+    lead = lambda col: set(frame.sort_values([col, "number"], ascending=[False, True]).number.head(n))
+    return dict(trials=len(frame), spearman=round(float(spearmanr(frame.val_R1, frame.rerun_val_R1).statistic), 3),
+                same_leaders=lead("val_R1") == lead("rerun_val_R1"))
+
+def run_reruns(tuning, # the `Tuning`
+               arms, # the arms whose trials may have run elsewhere
+               results, # the results store
+               jobs: int = 1, # runs side by side (processes)
+               log=print, # where a line per finished run goes
+              ) -> int:
+    "Train again, here, every counted trial of each arm whose trials ran on another kind of device (resumable); write each such arm's `device.csv`. How many were trained."
+    from dml_book.tuning_report import read_trials
+    from dml_book.files import write_text
+    trials = read_trials(results, tuning.study.name)
+    if trials is None: return 0
+    plans = {a: rerun_plan(tuning, a, results, trials[trials.arm == a]) for a in arms}
+    todo = [(a, k, c) for a, p in plans.items() for k, c in p if not (Path(c.out)/"metrics.json").is_file()]
+    here = this_device()
+    _train([((a, k), c) for a, k, c in todo], results, jobs,
+           lambda key, final: log(f"{tuning.study.name}/{key[0]}: trial{key[1]} again on {here}: validation R@1 {100 * final['val_R@1']:.2f}"))
+    for a, p in plans.items():
+        if p: write_text(Path(results)/tuning.study.name/"tuning"/a/"device.csv", device_frame(tuning, a, results, trials[trials.arm == a]).to_csv(index=False))
+    return len(todo)
+
+def arm_trials(tuning, # the `Tuning`
+               arm: str, # the arm
+               results, # the results store
+               trials: pd.DataFrame | None = None, # the arm's trials (None: read them)
+              ) -> pd.DataFrame:
+    "The arm's trials as its selection ranks them: where they were trained again on the selection's device (`device.csv`), by their values there."
+    from dml_book.tuning_report import read_trials
+    if trials is None: trials = read_trials(results, tuning.study.name, [arm])
+    f = Path(results)/tuning.study.name/"tuning"/arm/"device.csv"
+    if not f.is_file(): return trials
+    again = pd.read_csv(f).set_index("number").rerun_val_R1
+    if again.isna().any(): raise StudyError(f"{f}: trial {int(again[again.isna()].index[0])} has no value on the selection's device; run `run_reruns` again")
+    return trials.assign(trial_device_val_R1=trials.val_R1, val_R1=trials.number.map(again))
 
 # %% ../nbs/11g_selection.ipynb #c1583a6f
 DATA_FIELDS = ("batch_size", "m_per_class", "val_fraction", "method_kwargs.n_classes", "method_kwargs.n_support",
@@ -267,14 +374,15 @@ def _minutes(files) -> dict:
 def study_cost(tuning, # an `active_tuning`
                results, # the results store
               ) -> dict:
-    "Process minutes by phase (tuning, selection, decision) and device of the study with the mechanism at work; written to its `cost.json`."
+    "Process minutes by phase (tuning, trials again on the selection's device, selection, decision) and device of the study with the mechanism at work; written to its `cost.json`."
     from dml_book.files import write_json
     root = Path(results)/tuning.study.name
     trials = [f for a in tuning.spaces for f in sorted((root/"tuning"/a).glob("trial*/run.json"))]
     chosen = [f for a in tuning.spaces for f in sorted(selection_folder(results, tuning, a).glob("trial*/seed*/run.json"))]
+    again = [f for a in tuning.spaces for f in sorted((root/"tuning"/a/DEVICE_FOLDER).glob("trial*/run.json"))]
     decided = sorted((root/"tuned-active").glob("*/seed*/run.json"))
-    cost = dict(tuning=_minutes(trials), selection=_minutes(chosen), decision=_minutes(decided),
-                runs=dict(tuning=len(trials), selection=len(chosen), decision=len(decided)))
+    cost = dict(tuning=_minutes(trials), device=_minutes(again), selection=_minutes(chosen), decision=_minutes(decided),
+                runs=dict(tuning=len(trials), device=len(again), selection=len(chosen), decision=len(decided)))
     (root/"tuned-active").mkdir(parents=True, exist_ok=True); write_json(root/"tuned-active"/"cost.json", cost, indent=1)
     return cost
 
@@ -289,7 +397,7 @@ def active_progress(tuning, # an `active_tuning`
         mine = trials[trials.arm == arm] if trials is not None else pd.DataFrame(columns=["counted", "state"])
         done = mine[mine.counted.astype(bool)] if len(mine) else mine
         feasible = int(done.feasible.fillna(False).astype(bool).sum()) if arm in tuning.constrained and "feasible" in done else None
-        sel = selection_frame(tuning, arm, results, mine) if len(done) else None
+        sel = selection_frame(tuning, arm, results, arm_trials(tuning, arm, results, mine)) if len(done) else None
         whole = None if sel is None else int((sel.seeds == len(SELECTION_SEEDS)).sum())
         best = sel[sel.picked] if sel is not None else None
         rows.append(dict(arm=arm, trials=f"{len(done)} of {tuning.trials}", feasible=feasible, candidates_finished=whole,
@@ -313,6 +421,11 @@ def show_active(name: str, # a study with a search space
     with pd.option_context("display.width", 200): print(active_progress(t, root).to_string())
     for a in t.spaces:
         f = selection_folder(root, t, a).with_name("selection.csv")
+        if (d := f.with_name("device.csv")).is_file():
+            frame = pd.read_csv(d); ag = device_agreement(frame)
+            print(f"\n{a}: its {ag['trials']} trials ran on {', '.join(sorted(set(frame.device.dropna())))} and again on {', '.join(sorted(set(frame.rerun_device.dropna())))}: "
+                  f"Spearman's rho {ag['spearman']:.2f}; the same {SELECTION_CANDIDATES} trials lead on both: {'yes' if ag['same_leaders'] else 'no'} "
+                  f"(the candidates are the leaders on the selection's device)")
         if f.is_file(): print(f"\n{a}: candidates at the full schedule (validation R@1, points)\n" + pd.read_csv(f).drop(columns="params").to_string(index=False))
     if (f := selection_folder(root, t, arm).with_name("infeasible.json")).is_file():
         print(f"\nNo setting kept {name.upper()}'s mechanism at work: {json.loads(f.read_text())['why']}.")

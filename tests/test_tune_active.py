@@ -62,3 +62,26 @@ def test_tune_active_plans_the_method_arm_and_waits_for_a_yes(tmp_path):
     assert r.returncode == 2 and "add --active" in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr
     r = _cli("tune", "dcml", "--active", "--arm", "dcml", "--results", str(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and "dcml-active" in r.stderr, r.stderr   # the plain method arm is not an arm of the active tuning
+
+def test_trials_from_another_device_run_again_here_before_the_candidates(tmp_path, one_thread):
+    "An arm whose trials ran on a GPU (as the stored H200 baselines): every counted trial trains again here, and the candidates are ranked on these values."
+    from dml_book.selection import run_selection, selection_frame, study_cost, arm_trials
+    t = dmml_tuning(trials=3)
+    T.tune(t, str(tmp_path), arms=("baseline",))
+    arm = tmp_path/"tiny"/"tuning"/"baseline"
+    for f in arm.glob("trial*/run.json"):   # as if they had trained on a GPU
+        f.write_text(json.dumps({**json.loads(f.read_text()), "device": "cuda:0"}))
+    run_selection(t, ("baseline",), str(tmp_path), log=lambda s: None)
+    again = pd.read_csv(arm/"device.csv")
+    trials = pd.read_csv(arm/"trials.csv"); done = trials[trials.counted]
+    assert sorted(again.number) == sorted(done.number) and set(again.device) == {"cuda"} and set(again.rerun_device) == {"cpu"}
+    # the trials really ran on this CPU with the same seed: trained again, each gives its trial's value to the last bit
+    assert (again.set_index("number").rerun_val_R1 == done.set_index("number").val_R1).all()
+    for k in done.number:
+        m = json.loads((arm/"device"/f"trial{k}"/"metrics.json").read_text())
+        assert m["config"]["epochs"] == t.epochs and m["config"]["seed"] == t.seed
+    assert len(arm_trials(t, "baseline", str(tmp_path))) == len(trials)
+    assert len(selection_frame(t, "baseline", str(tmp_path))) == 3
+    cost = study_cost(t, str(tmp_path))
+    assert cost["runs"]["device"] == 3 and set(cost["device"]) == {"cpu"} and set(cost["tuning"]) == {"cuda"}
+    assert run_selection(t, ("baseline",), str(tmp_path), log=lambda s: None) == 0   # resumable: nothing left
