@@ -16,8 +16,8 @@ __all__ = ['PUBLISHED_COLUMNS', 'INSTALL', 'Scale', 'load_run', 'find_runs', 'ru
            'launch_torchrun', 'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset',
            'paper_figures', 'line_up', 'published_tables', 'ExperimentError', 'experiments_dir', 'params_file',
            'experiment_names', 'find_experiment', 'results_dir', 'clone_results', 'parity_file', 'notebook_parameters',
-           'coerce_parameters', 'ParameterError', 'check_parameter', 'check_parameters', 'encrypted_kernel_manager',
-           'run_experiment']
+           'coerce_parameters', 'ParameterError', 'check_parameter', 'check_parameters', 'notebook_language',
+           'encrypted_kernel_manager', 'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
 def load_run(folder, # a run folder (holding `metrics.json`)
@@ -401,6 +401,18 @@ def check_parameters(namespace: dict, # the notebook's `globals()`: its `paramet
 
 
 # %% ../nbs/11_results.ipynb #6b9c042f
+def notebook_language(path, # an experiment notebook
+                      kernel: str, # the kernel it executes with
+                     ) -> str:
+    "The notebook's language (its kernelspec or language_info); a notebook that names none runs as Python on a Python kernel, else a clear error."
+    import nbformat
+    meta = nbformat.read(str(path), as_version=4).metadata
+    language = meta.get("kernelspec", {}).get("language") or meta.get("language_info", {}).get("name")
+    if language: return language
+    if kernel.startswith("python"): return "python"
+    raise ExperimentError(f"{path} names no language (no kernelspec in its metadata) and kernel {kernel!r} is not Python: "
+                          f"open and save it in Jupyter with its kernel, or run it with -k python3")
+
 def encrypted_kernel_manager():
     """The kernel manager papermill starts the notebook's kernel with: one that hands the kernel CurveZMQ keys, so that
     their messages are encrypted (a kernel on plain TCP warns of eavesdropping on every run); jupyter_client's default where pyzmq lacks CurveZMQ."""
@@ -421,7 +433,9 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
     import papermill as pm, yaml
     path = find_experiment(name)
     declared = notebook_parameters(path, kernel)
-    if "out_dir" not in declared: raise ExperimentError(f"{path} declares no out_dir parameter")
+    if "out_dir" not in declared: raise ExperimentError(f"{path} declares no out_dir parameter (a parameter is an annotated line of its "
+                                                       f"'parameters' cell, as `out_dir: str = \"results/x\"`)")
+    language = notebook_language(path, kernel)
     given = dict(yaml.safe_load(params_file(param_file).read_text()) or {}) if param_file else {}
     given.update(parameters or {})
     if out_dir is not None: given["out_dir"] = out_dir
@@ -429,7 +443,7 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
     out = Path(params.get("out_dir", declared["out_dir"]["default"])).resolve()
     params["out_dir"] = str(out); out.mkdir(parents=True, exist_ok=True)
     executed, part = out/f"{path.stem}.ipynb", out/f".{path.stem}.{os.getpid()}.ipynb"   # written beside the previous one, swapped in when whole
-    try: pm.execute_notebook(str(path), str(part), parameters=params, kernel_name=kernel, progress_bar=progress,
+    try: pm.execute_notebook(str(path), str(part), parameters=params, kernel_name=kernel, language=language, progress_bar=progress,
                              kernel_manager_class=encrypted_kernel_manager())
     except BaseException:   # a failed cell, a full disk, Ctrl-C: the previous executed notebook stays; the cells run so far go aside
         if part.exists(): part.replace(out/f"{path.stem}.failed.ipynb")

@@ -211,3 +211,18 @@ def test_dml_book_experiment_shows_the_reader_no_kernel_transport_warning(tmp_pa
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path/"out"/"ran.txt").read_text() == "yes"   # the kernel ran the notebook, over the encrypted channel
     assert "without encryption" not in r.stderr + r.stdout and "WARNING" not in r.stderr, r.stderr
+
+def test_a_notebook_without_a_kernelspec_runs_as_python_and_a_missing_out_dir_says_how_to_declare_it(tmp_path):
+    "A notebook saved without metadata (as a script-built one) runs on the Python kernel; one with a plain `out_dir = ...` line is told what a parameter is."
+    from dml_book.results import run_experiment, notebook_language, ExperimentError
+    nb = nbformat.v4.new_notebook()   # no kernelspec, no language_info
+    nb.cells = [nbformat.v4.new_code_cell('out_dir: str = "runs"', metadata={"tags": ["parameters"]}),
+                nbformat.v4.new_code_cell("from pathlib import Path\nPath(out_dir, 'ran.txt').write_text('yes')")]
+    nbformat.write(nb, str(tmp_path/"bare.ipynb"))
+    assert notebook_language(tmp_path/"bare.ipynb", "python3") == "python"
+    with pytest.raises(ExperimentError, match="names no language .* kernel 'ir' is not Python"): notebook_language(tmp_path/"bare.ipynb", "ir")
+    run_experiment(str(tmp_path/"bare.ipynb"), out_dir=str(tmp_path/"out"), progress=False)
+    assert (tmp_path/"out"/"ran.txt").read_text() == "yes"
+    nb.cells[0] = nbformat.v4.new_code_cell('out_dir = "runs"', metadata={"tags": ["parameters"]})
+    nbformat.write(nb, str(tmp_path/"plain.ipynb"))
+    with pytest.raises(ExperimentError, match=r"declares no out_dir parameter \(a parameter is an annotated line"): run_experiment(str(tmp_path/"plain.ipynb"))
