@@ -16,8 +16,8 @@ from .tune import ACTIVE
 # %% auto #0
 __all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'DEVICE_FOLDER', 'DATA_FIELDS', 'candidates', 'selection_folder',
            'candidate_config', 'selection_plan', 'run_selection', 'selection_frame', 'pick', 'regret',
-           'write_selection', 'picked_values', 'device_kind', 'this_device', 'trial_devices', 'rerun_plan',
-           'device_frame', 'device_agreement', 'run_reruns', 'arm_trials', 'data_knob', 'check_symmetric',
+           'write_selection', 'picked_values', 'short_rung_check', 'device_kind', 'this_device', 'trial_devices',
+           'rerun_plan', 'device_frame', 'device_agreement', 'run_reruns', 'arm_trials', 'data_knob', 'check_symmetric',
            'active_tuning', 'active_study', 'active_swap_study', 'write_infeasible', 'study_cost', 'active_progress',
            'show_active']
 
@@ -169,6 +169,23 @@ def picked_values(tuning, # the `Tuning`
     frame = pd.read_csv(f)
     if not frame.picked.any(): raise StudyError(f"{tuning.study.name}/{arm}: no candidate was picked (none finished with its mechanism at work)")
     return json.loads(frame.loc[frame.picked, "params"].iloc[0])
+
+# %% ../nbs/11g_selection.ipynb #68b20b99
+def short_rung_check(results=None, # the results store (None: `results_dir()`)
+                    ) -> pd.DataFrame | None:
+    "Per stored `selection.csv`: its study and arm, candidates, Spearman's rho of short vs full-schedule validation R@1, whether the short pick was kept, the regret, the spread of learning rates."
+    from scipy.stats import spearmanr
+    from dml_book.results import results_dir
+    root, rows = Path(results_dir() if results is None else results), []
+    for f in sorted(root.glob("**/tuning/*/selection.csv")):
+        frame = pd.read_csv(f)
+        if not frame.picked.any(): continue   # unfinished
+        lrs = pd.DataFrame([json.loads(p) for p in frame.params])
+        spread = max((lrs[c].max() / lrs[c].min() for c in ("lr_backbone", "lr_head") if c in lrs), default=float("nan"))
+        rows.append(dict(study=f.parent.parent.parent.relative_to(root).as_posix(), arm=f.parent.name, candidates=len(frame),
+                         spearman=float(spearmanr(frame.short_val_R1, frame.val_R1).statistic) if len(frame) > 2 else float("nan"),
+                         short_pick_kept=bool(frame.picked.iloc[0]), regret=regret(frame), lr_spread=round(float(spread), 2)))
+    return pd.DataFrame(rows) if rows else None
 
 # %% ../nbs/11g_selection.ipynb #c0440aeb
 DEVICE_FOLDER = "device"   # an arm's trials trained again on the selection's device: <study>/tuning/<arm>/device/trial<n>/
