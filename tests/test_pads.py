@@ -582,3 +582,13 @@ def test_policy_run_figure_reads_new_and_old_logs(tmp_path):
     assert "no critic values" in fig.axes[2].texts[0].get_text() and critic_sentence(old) == "This log holds no critic values."
     assert "in 2 of the 2 updates" in critic_sentence(steps)   # 9 steps, M = 3: 3 policy steps, 2 rewarded; |V| < 1: A has r's sign
     plt.close("all")
+
+
+def test_a_policy_gone_nan_stops_the_run_as_diverged(tmp_path):
+    "A policy update that overshoots (NaN weights) stops the run as `TrainingDiverged` naming the policy, never torch.multinomial's error; a tuning trial counts it as diverged."
+    from dml_book.train import Trainer, TrainingDiverged
+    tr = Trainer(_cfg(tmp_path))
+    with torch.no_grad(): next(tr.method.learner.policy.parameters()).fill_(float("nan"))
+    with pytest.raises(TrainingDiverged, match=r"PADS's policy holds a NaN or infinity \(body.*policy_lr"):
+        tr.fit()
+    assert tr.step == 2   # raised inside the third step (the first policy step, update_every=3), before it counted

@@ -25,9 +25,9 @@ from .pads_policy import (ACTION_VALUES, TrainingState, PolicyLearner, apply_act
 # %% auto #0
 __all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'NegativeSampler', 'SAMPLERS', 'MOVED', 'bin_index',
            'BinnedDistribution', 'negative_weights', 'sample_triplets', 'triplet_stats', 'DistanceWeighted', 'SemiHard',
-           'DistributionSampler', 'init_probs', 'validation_split', 'class_distances', 'PADS', 'plot_trajectory',
-           'distribution_means', 'plot_critic', 'plot_policy_run', 'distribution_sentence', 'critic_sentence',
-           'action_effects', 'reward_signal', 'signal_sentence']
+           'DistributionSampler', 'init_probs', 'validation_split', 'class_distances', 'PADS', 'check_policy_finite',
+           'plot_trajectory', 'distribution_means', 'plot_critic', 'plot_policy_run', 'distribution_sentence',
+           'critic_sentence', 'action_effects', 'reward_signal', 'signal_sentence']
 
 # %% ../../nbs/23_methods.pads.ipynb #cc532ebc
 def bin_index(d: Tensor, # distances, any shape
@@ -386,6 +386,18 @@ def _progress(trainer: TrainerView) -> float:
     return min(1.0, (trainer.step + 1) / max(1, trainer.steps_per_epoch * trainer.cfg.epochs))
 
 # %% ../../nbs/23_methods.pads.ipynb #cdb77a32
+def check_policy_finite(method: PADS, # the method
+                        trainer: TrainerView, # the run
+                        state=None, # the training state the policy is about to read (None: only its weights)
+                       ):
+    "Stop the run (`TrainingDiverged`) when the policy's weights or its state hold a NaN or infinity: a policy update that overshot."
+    from dml_book.train import TrainingDiverged
+    bad = [n for n, p in method.learner.policy.named_parameters() if not bool(torch.isfinite(p).all())]
+    if state is not None and not bool(torch.isfinite(state).all()): bad.append("the training state")
+    if bad: raise TrainingDiverged(f"training diverged at epoch {trainer.epoch}, step {trainer.step}: PADS's policy holds a NaN or infinity "
+                                   f"({', '.join(bad[:3])}); likely its policy learning rate (method_kwargs.policy_lr) is too high; "
+                                   f"checkpoint.pt still holds epoch {trainer.epoch - 1}")
+
 @patch
 def policy_step(self: PADS,
                 trainer: TrainerView, # the run
@@ -396,6 +408,7 @@ def policy_step(self: PADS,
     self.train_state.push(torch.tensor([m[k] for k in self.metric_keys]))
     dev = self.distribution.probs.device
     s = self.train_state(self.distribution.probs, _progress(trainer)).to(dev)
+    check_policy_finite(self, trainer, s)
     logs = {f"val_{k}": v for k, v in m.items()}
     if self.s_prev is not None:
         r = reward(e, self.e_prev)
