@@ -227,7 +227,8 @@ def _tune_active(args, # the parsed command-line arguments (`--active`)
                 ) -> int:
     "`dml-book tune --active`: trials under the method's criterion, each arm's candidates on the full schedule, and (`--decide`) the study at the picks."
     from dml_book.tune import TRIALS, TRIAL_EPOCHS, tune
-    from dml_book.selection import active_tuning, run_selection, write_selection, write_infeasible, active_study, study_cost, regret
+    from dml_book.selection import active_tuning, run_selection, write_selection, write_infeasible, active_study, study_cost, regret, decide_swaps
+    from dml_book.findings import finding
     from dml_book.study_design import run_study
     t = active_tuning(args.study, "pretrained" if args.pretrained else "from scratch", trials=args.trials or TRIALS, epochs=args.epochs or TRIAL_EPOCHS)
     arms = arms or tuple(t.spaces)
@@ -240,6 +241,10 @@ def _tune_active(args, # the parsed command-line arguments (`--active`)
     if (why := write_infeasible(t, args.results)) is not None: print(f"{t.study.name}: {why['why']}; nothing to decide (infeasible.json)"); return 0
     if args.decide:
         print(run_study(active_study(t, args.results), args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
+        v = finding(args.study, "pretrained" if args.pretrained else "from scratch", args.results, settings="tuned, mechanism at work")
+        if v is not None and v["decided"] != "undecided":   # a decided verdict is attributed both ways
+            print(f"{t.study.name}: {v['decided']}; the swaps of the shared knobs, at the same seeds:")
+            print(decide_swaps(t, args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
         print("cost, process minutes by phase and device:", study_cost(t, args.results))
     return 0
 

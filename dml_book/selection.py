@@ -18,8 +18,8 @@ __all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'DEVICE_FOLDER', 'DATA_FIE
            'candidate_config', 'selection_plan', 'run_selection', 'selection_frame', 'pick', 'regret',
            'write_selection', 'picked_values', 'short_rung_check', 'device_kind', 'this_device', 'trial_devices',
            'rerun_plan', 'device_frame', 'device_agreement', 'run_reruns', 'arm_trials', 'data_knob', 'check_symmetric',
-           'active_tuning', 'active_study', 'active_swap_study', 'write_infeasible', 'study_cost', 'active_progress',
-           'show_active']
+           'active_tuning', 'active_study', 'active_swap_study', 'decide_swaps', 'write_infeasible', 'study_cost',
+           'active_progress', 'show_active']
 
 # %% ../nbs/11g_selection.ipynb #4294b004
 SELECTION_CANDIDATES = 3   # settings of each arm that reach the study's full schedule
@@ -361,6 +361,25 @@ def active_swap_study(tuning, # an `active_tuning`
               f"baseline-{method}-shared": f"{s.label(base)} at {s.label(method)}'s shared knobs"}
     return replace(s, name=f"{t.name}/tuned-active-swap", arms=arms, declared=declared, labels=labels, main=(method,))
 
+# %% ../nbs/11g_selection.ipynb #4714c2a5
+def decide_swaps(tuning, # an `active_tuning` whose study at the picks is decided
+                 results, # the results store
+                 jobs: int = 1, # runs side by side
+                 log=print, # where each finished run's line goes
+                ) -> pd.DataFrame:
+    "Train `active_swap_study` at the seeds of `<study>/tuned-active`, its two decided arms copied from there; its frame."
+    import shutil
+    from dml_book.files import make_folder
+    from dml_book.study_design import run_study
+    swap, src = active_swap_study(tuning, results), Path(results)/tuning.study.name/"tuned-active"
+    seeds = sorted(int(p.name[4:]) for p in (src/swap.baseline).glob("seed*") if (p/"metrics.json").is_file())
+    if not seeds: raise StudyError(f"{src}/{swap.baseline} holds no finished seed: decide the study at the picks first")
+    for arm in (swap.baseline, *swap.main):
+        for k in seeds:
+            if (src/arm/f"seed{k}"/"metrics.json").is_file() and not (dst := Path(results)/swap.name/arm/f"seed{k}").exists():
+                make_folder(dst.parent, results); shutil.copytree(src/arm/f"seed{k}", dst)
+    return run_study(swap, results, jobs=jobs, seeds={a: seeds for a in swap.arms}, log=log)
+
 # %% ../nbs/11g_selection.ipynb #7b58c7c3
 def write_infeasible(tuning, # an `active_tuning`
                      results, # the results store
@@ -391,15 +410,16 @@ def _minutes(files) -> dict:
 def study_cost(tuning, # an `active_tuning`
                results, # the results store
               ) -> dict:
-    "Process minutes by phase (tuning, trials again on the selection's device, selection, decision) and device of the study with the mechanism at work; written to its `cost.json`."
+    "Process minutes by phase (tuning, trials again on the selection's device, selection, decision, swaps) and device of the study with the mechanism at work; written to its `cost.json`."
     from dml_book.files import write_json
     root = Path(results)/tuning.study.name
     trials = [f for a in tuning.spaces for f in sorted((root/"tuning"/a).glob("trial*/run.json"))]
     chosen = [f for a in tuning.spaces for f in sorted(selection_folder(results, tuning, a).glob("trial*/seed*/run.json"))]
     again = [f for a in tuning.spaces for f in sorted((root/"tuning"/a/DEVICE_FOLDER).glob("trial*/run.json"))]
     decided = sorted((root/"tuned-active").glob("*/seed*/run.json"))
-    cost = dict(tuning=_minutes(trials), device=_minutes(again), selection=_minutes(chosen), decision=_minutes(decided),
-                runs=dict(tuning=len(trials), device=len(again), selection=len(chosen), decision=len(decided)))
+    swapped = sorted(f for f in (root/"tuned-active-swap").glob("*-shared/seed*/run.json"))   # the two swap arms (the others are the decision's, copied)
+    cost = dict(tuning=_minutes(trials), device=_minutes(again), selection=_minutes(chosen), decision=_minutes(decided), swap=_minutes(swapped),
+                runs=dict(tuning=len(trials), device=len(again), selection=len(chosen), decision=len(decided), swap=len(swapped)))
     (root/"tuned-active").mkdir(parents=True, exist_ok=True); write_json(root/"tuned-active"/"cost.json", cost, indent=1)
     return cost
 

@@ -85,3 +85,31 @@ def test_trials_from_another_device_run_again_here_before_the_candidates(tmp_pat
     cost = study_cost(t, str(tmp_path))
     assert cost["runs"]["device"] == 3 and set(cost["device"]) == {"cpu"} and set(cost["tuning"]) == {"cuda"}
     assert run_selection(t, ("baseline",), str(tmp_path), log=lambda s: None) == 0   # resumable: nothing left
+
+def test_decide_swaps_copies_the_decided_arms_and_trains_only_the_swaps_at_their_seeds(tmp_path, monkeypatch):
+    "The swap study reuses the decision's two arms (same configuration and seed) and asks `run_study` for the decision's seeds in every arm."
+    from dataclasses import asdict
+    import dml_book.study_design as SD
+    from dml_book.selection import active_tuning, active_study, selection_folder, decide_swaps, study_cost
+    from dml_book.files import make_folder, write_json
+    t = active_tuning("pads")
+    for arm in t.spaces:   # hand-written picks: each arm's first trial
+        f = selection_folder(tmp_path, t, arm).with_name("selection.csv"); f.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame([dict(candidate=0, picked=True, params=json.dumps(t.first(arm)))]).to_csv(f, index=False)
+    s = active_study(t, tmp_path)
+    for arm in s.arms:
+        for k in (0, 3):
+            out = make_folder(tmp_path/s.name/arm/f"seed{k}", tmp_path)
+            write_json(out/"metrics.json", {"config": {**asdict(replace(s.arms[arm], seed=k, out=str(out)))}, "final": {"R@1": 0.5}})
+            write_json(out/"run.json", {"cpu_seconds": 60.0, "device": "cpu"})
+    asked = {}
+    monkeypatch.setattr(SD, "run_study", lambda study, results, jobs, seeds, log: asked.update(name=study.name, seeds=seeds) or pd.DataFrame(dict(variant=[], x=[])))
+    decide_swaps(t, tmp_path)
+    assert asked["name"] == "pads/tuned-active-swap"
+    assert asked["seeds"] == {a: [0, 3] for a in ("baseline", "pads", "pads-baseline-shared", "baseline-pads-shared")}
+    for arm in s.arms:
+        for k in (0, 3):
+            copied = tmp_path/"pads"/"tuned-active-swap"/arm/f"seed{k}"/"metrics.json"
+            assert copied.read_text() == (tmp_path/s.name/arm/f"seed{k}"/"metrics.json").read_text()
+            assert SD._same_config(copied, replace(s.arms[arm], seed=k, out=str(copied.parent)))   # run_study keeps it, trains none
+    assert study_cost(t, tmp_path)["runs"]["swap"] == 0   # the copies are the decision's runs, not the swaps'
