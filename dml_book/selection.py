@@ -384,19 +384,24 @@ def decide_swaps(tuning, # an `active_tuning` whose study at the picks is decide
 def write_infeasible(tuning, # an `active_tuning`
                      results, # the results store
                     ) -> dict | None:
-    """Where the method's search kept no mechanism at work (no feasible trial in the budget, or no candidate whose criterion
-    held at the full schedule): `infeasible.json` beside its trials, with the trials and candidates behind it; else None."""
+    """Where the method's search kept no mechanism at work (no feasible trial in the whole budget, or no candidate whose
+    criterion held at the full schedule, every seed finished): `infeasible.json` beside its trials, with the trials and
+    candidates behind it. None while the budget or the selection is unfinished, or where a candidate was picked (a stale
+    `infeasible.json` then goes)."""
     from dml_book.files import write_json
     from dml_book.tuning_report import read_trials
     arm = tuning.study.main[0]; trials = read_trials(results, tuning.study.name); trials = trials[trials.arm == arm]
     done = trials[trials.counted]; feasible = done[done.feasible.fillna(False).astype(bool)] if "feasible" in done else done.iloc[:0]
     sel = selection_frame(tuning, arm, results, trials) if len(feasible) else None
-    if sel is not None and sel.picked.any(): return None
+    f = selection_folder(results, tuning, arm).with_name("infeasible.json")
+    if sel is not None and sel.picked.any():
+        f.unlink(missing_ok=True); return None
+    if len(done) < tuning.trials or (sel is not None and (sel.seeds < len(SELECTION_SEEDS)).any()): return None   # not finished: nothing to conclude
     why = ("no trial of the budget met the criterion" if not len(feasible) else "no candidate met the criterion in every seed at the full schedule")
     record = dict(arm=arm, why=why, budget=tuning.trials, counted=len(done), feasible=len(feasible),
                   trials=done[["number", "val_R1", "params"] + [c for c in ("criterion_value", "constraint") if c in done]].to_dict("records"),
                   candidates=None if sel is None else sel.drop(columns="params").to_dict("records"))
-    write_json(selection_folder(results, tuning, arm).with_name("infeasible.json"), record, indent=1); return record
+    write_json(f, record, indent=1); return record
 
 # %% ../nbs/11g_selection.ipynb #d0c054b7
 def _minutes(files) -> dict:

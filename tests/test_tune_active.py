@@ -113,3 +113,26 @@ def test_decide_swaps_copies_the_decided_arms_and_trains_only_the_swaps_at_their
             assert copied.read_text() == (tmp_path/s.name/arm/f"seed{k}"/"metrics.json").read_text()
             assert SD._same_config(copied, replace(s.arms[arm], seed=k, out=str(copied.parent)))   # run_study keeps it, trains none
     assert study_cost(t, tmp_path)["runs"]["swap"] == 0   # the copies are the decision's runs, not the swaps'
+
+def test_infeasible_is_concluded_only_from_a_finished_budget_and_selection_and_goes_once_a_pick_exists(tmp_path):
+    from dml_book.selection import write_infeasible, selection_folder
+    t = dmml_tuning(trials=3); t = replace(t, study=replace(t.study, main=("dmml",))); arm = tmp_path/"tiny"/"tuning"/"dmml"; arm.mkdir(parents=True)
+    f = arm/"infeasible.json"
+    def trials(feasible):
+        pd.DataFrame(dict(number=range(len(feasible)), state="COMPLETE", val_R1=[0.5, 0.6, 0.4][:len(feasible)], counted=True, feasible=feasible,
+                          params=[json.dumps({"lr_head": 1e-3, "method_kwargs.n_support": 2})] * len(feasible))).to_csv(arm/"trials.csv", index=False)
+    def seed(k, s, active):
+        out = selection_folder(tmp_path, t, "dmml")/f"trial{k}"/f"seed{s}"; out.mkdir(parents=True, exist_ok=True)
+        (out/"metrics.json").write_text(json.dumps({"final": {"val_R@1": 0.7}, "mechanism": dict(criterion="c", value=float(active), threshold=1.0, active=active)}))
+    trials([False, False])   # two of three trials: the budget is unfinished
+    assert write_infeasible(t, tmp_path) is None and not f.exists()
+    trials([False, False, False])
+    assert write_infeasible(t, tmp_path)["why"] == "no trial of the budget met the criterion" and f.exists()
+    trials([True, True, False]); f.unlink()
+    seed(1, 0, False)   # candidates 1 and 0; one seed of one finished
+    assert write_infeasible(t, tmp_path) is None and not f.exists()
+    for k, s in [(1, 1), (0, 0), (0, 1)]: seed(k, s, False)
+    rec = write_infeasible(t, tmp_path)
+    assert rec["why"] == "no candidate met the criterion in every seed at the full schedule" and rec["feasible"] == 2 and f.exists()
+    seed(0, 0, True); seed(0, 1, True)   # candidate 0 held after all: picked, the stale conclusion goes
+    assert write_infeasible(t, tmp_path) is None and not f.exists()
