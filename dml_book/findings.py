@@ -12,9 +12,9 @@ from .study import study_report, paired_difference, metric_name
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'main_arm', 'paired_p', 'mechanism_label', 'finding', 'arm_means',
-           'tuning_moves', 'moves_sentence', 'holm', 'findings', 'finding_text', 'verdict_cell', 'findings_markdown',
-           'plot_findings']
+__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'main_arm', 'paired_p', 'mechanism_label', 'finding', 'power_seeds',
+           'arm_means', 'tuning_moves', 'moves_sentence', 'holm', 'findings', 'finding_text', 'verdict_cell',
+           'findings_markdown', 'plot_findings']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
@@ -64,7 +64,13 @@ def finding(method: str, # a method with a study under `results/`
     diff, low, high = (100 * p[k] for k in ("mean", "low", "high"))
     return dict(method=method, regime=regime, settings=settings, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
                 seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm],
-                p=paired_p(p["mean"], p["std"], p["n"]), **mechanism_label(rep["root"], arm, settings))
+                p=paired_p(p["mean"], p["std"], p["n"]), seeds_needed=power_seeds(100 * p["std"]), **mechanism_label(rep["root"], arm, settings))
+
+def power_seeds(sd: float, # standard deviation of the paired differences, in points
+               ) -> int:
+    "The seeds the power rule asks of a study with this spread: a 95% interval of half-width `TARGET_HALF_WIDTH`, between `MIN_SEEDS` and `MAX_SEEDS`."
+    from dml_book.study import seeds_needed, MIN_SEEDS, MAX_SEEDS, TARGET_HALF_WIDTH
+    return seeds_needed(sd, TARGET_HALF_WIDTH, lo=MIN_SEEDS, hi=MAX_SEEDS)
 
 # %% ../nbs/11d_findings.ipynb #9e09e9a7
 def arm_means(name: str, # a method's study
@@ -134,7 +140,9 @@ def finding_text(f: dict | None, # a `finding`
     if "p_holm" not in f: return text
     p = "p < 0.001" if f["p"] < 0.001 else f"p = {f['p']:.2g}"
     mech = f"; mechanism {f['mechanism']}: its criterion met in {f['mechanism_seeds']} seeds" if f.get("mechanism") else ""
-    return text + f" ({p}, Holm: {f['holm']}{mech})"
+    short = (f"; {f['seeds']} of the {f['seeds_needed']} seeds the power rule asks for a ±1-point interval"
+             if f.get("seeds_needed") and f["seeds"] < f["seeds_needed"] else "")
+    return text + f" ({p}, Holm: {f['holm']}{mech}{short})"
 
 def verdict_cell(method: str, # a method's name
                  root=None, # the results store
