@@ -592,3 +592,13 @@ def test_a_policy_gone_nan_stops_the_run_as_diverged(tmp_path):
     with pytest.raises(TrainingDiverged, match=r"PADS's policy holds a NaN or infinity \(body.*policy_lr"):
         tr.fit()
     assert tr.step == 2   # raised inside the third step (the first policy step, update_every=3), before it counted
+
+
+def test_a_policy_whose_logits_overflow_stops_the_run_as_diverged(tmp_path):
+    "Finite but huge weights give infinite logits: the same clear stop, found after the update, before the draw."
+    from dml_book.train import Trainer, TrainingDiverged
+    tr = Trainer(_cfg(tmp_path))
+    with torch.no_grad():
+        for p in tr.method.learner.policy.parameters(): p.fill_(1e30)
+    with pytest.raises(TrainingDiverged, match=r"PADS's policy holds a NaN or infinity \(its action logits\)"):
+        tr.fit()

@@ -390,10 +390,13 @@ def check_policy_finite(method: PADS, # the method
                         trainer: TrainerView, # the run
                         state=None, # the training state the policy is about to read (None: only its weights)
                        ):
-    "Stop the run (`TrainingDiverged`) when the policy's weights or its state hold a NaN or infinity: a policy update that overshot."
+    "Stop the run (`TrainingDiverged`) when the policy's weights, the state or the action logits on it hold a NaN or infinity: a policy update that overshot."
     from dml_book.train import TrainingDiverged
     bad = [n for n, p in method.learner.policy.named_parameters() if not bool(torch.isfinite(p).all())]
     if state is not None and not bool(torch.isfinite(state).all()): bad.append("the training state")
+    elif state is not None and not bad:
+        with torch.no_grad(): logits = method.learner.policy(state)[0]
+        if not bool(torch.isfinite(logits).all()): bad.append("its action logits")
     if bad: raise TrainingDiverged(f"training diverged at epoch {trainer.epoch}, step {trainer.step}: PADS's policy holds a NaN or infinity "
                                    f"({', '.join(bad[:3])}); likely its policy learning rate (method_kwargs.policy_lr) is too high; "
                                    f"checkpoint.pt still holds epoch {trainer.epoch - 1}")
@@ -408,11 +411,11 @@ def policy_step(self: PADS,
     self.train_state.push(torch.tensor([m[k] for k in self.metric_keys]))
     dev = self.distribution.probs.device
     s = self.train_state(self.distribution.probs, _progress(trainer)).to(dev)
-    check_policy_finite(self, trainer, s)
     logs = {f"val_{k}": v for k, v in m.items()}
     if self.s_prev is not None:
         r = reward(e, self.e_prev)
         logs.update(reward=r, **self.learner.update(self.s_prev, self.a_prev, r, s, metric=e))
+    check_policy_finite(self, trainer, s)   # after the update, before the draw: what the policy acts on
     a = self.learner.act(s, self.generator).to(dev)
     self.distribution.probs.copy_(apply_actions(self.distribution.probs, a, self.learner.action_values))
     self.e_prev, self.s_prev, self.a_prev = e, s, a
