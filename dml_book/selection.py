@@ -408,7 +408,7 @@ def _minutes(files) -> dict:
     "Process minutes by device kind ('cpu', 'cuda') over `run.json` files."
     out = {}
     for f in files:
-        r = json.loads(Path(f).read_text()); kind = str(r.get("device", "cpu")).split(":")[0]
+        r = json.loads(Path(f).read_text()); kind = device_kind(r.get("device", "cpu"))
         out[kind] = round(out.get(kind, 0.0) + r.get("cpu_seconds", 0.0) / 60, 1)
     return out
 
