@@ -64,7 +64,8 @@ def finding(method: str, # a method with a study under `results/`
     diff, low, high = (100 * p[k] for k in ("mean", "low", "high"))
     return dict(method=method, regime=regime, settings=settings, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
                 seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm],
-                p=paired_p(p["mean"], p["std"], p["n"]), seeds_needed=power_seeds(100 * p["std"]), **mechanism_label(rep["root"], arm, settings))
+                p=paired_p(p["mean"], p["std"], p["n"]), seeds_needed=power_seeds(100 * p["std"]), **mechanism_label(rep["root"], arm, settings),
+                diverged={s: arms for s, arms in rep["facts"].get("diverged", {}).items() if arm in arms or rep["design"].get("baseline", "baseline") in arms})
 
 def power_seeds(sd: float, # standard deviation of the paired differences, in points
                ) -> int:
@@ -142,7 +143,9 @@ def finding_text(f: dict | None, # a `finding`
     mech = f"; mechanism {f['mechanism']}: its criterion met in {f['mechanism_seeds']} seeds" if f.get("mechanism") else ""
     short = (f"; {f['seeds']} of the {f['seeds_needed']} seeds the power rule asks for a ±1-point interval"
              if f.get("seeds_needed") and f["seeds"] < f["seeds_needed"] else "")
-    return text + f" ({p}, Holm: {f['holm']}{mech}{short})"
+    gone = f.get("diverged") or {}
+    gone = (f"; seed{'s' * (len(gone) > 1)} {', '.join(map(str, sorted(gone)))} diverged and pair{'s' * (len(gone) == 1)} nothing" if gone else "")
+    return text + f" ({p}, Holm: {f['holm']}{mech}{short}{gone})"
 
 def verdict_cell(method: str, # a method's name
                  root=None, # the results store

@@ -14,12 +14,12 @@ from .results import runs_frame, load_histories, find_runs
 
 # %% auto #0
 __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS',
-           'LEGACY_NOTE', 'REFERENCE_SEED', 'ACTIVE_SHARE', 'MECHANISM_STUDIES', 'interval_half_width', 'seeds_needed',
-           'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict', 'where_ran',
-           'seed_ranges', 'study_facts', 'study_report', 'metric_name', 'arms_table', 'incomplete', 'short_of_power',
-           'where_text', 'time_text', 'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run',
-           'mechanism_of', 'mechanism_table', 'active_share', 'mechanism_at_work', 'mechanism_summary',
-           'show_mechanisms']
+           'DIVERGED', 'LEGACY_NOTE', 'REFERENCE_SEED', 'ACTIVE_SHARE', 'MECHANISM_STUDIES', 'interval_half_width',
+           'seeds_needed', 'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict',
+           'where_ran', 'seed_ranges', 'diverged_seeds', 'study_facts', 'study_report', 'metric_name', 'arms_table',
+           'incomplete', 'short_of_power', 'diverged_text', 'where_text', 'time_text', 'show_study', 'main_verdict',
+           'regimes', 'read_log', 'reference_run', 'mechanism_of', 'mechanism_table', 'active_share',
+           'mechanism_at_work', 'mechanism_summary', 'show_mechanisms']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -164,9 +164,22 @@ def seed_ranges(seeds, # integers
     runs = [[s for _, s in g] for _, g in itertools.groupby(enumerate(sorted(set(seeds))), lambda t: t[1] - t[0])]
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
+DIVERGED = "diverged.json"   # a study run that diverged (or collapsed): its record, in place of `metrics.json`
+
+def diverged_seeds(root, # a study's folder
+                   arms=None, # the arms to look in (default: all)
+                  ) -> dict:
+    "Seed -> {arm: why} for every run under `root` (of `arms`) that diverged (`diverged.json`)."
+    import json
+    out = {}
+    for f in sorted(Path(root).glob("*/seed*/" + DIVERGED)):
+        arm, seed = f.parent.parent.name, f.parent.name[4:]
+        if seed.isdigit() and (arms is None or arm in arms): out.setdefault(int(seed), {})[arm] = json.loads(f.read_text())["diverged"]
+    return out
+
 def study_facts(folder, # a study's folder
                ) -> dict:
-    "What the stored runs say of themselves: epochs, steps per epoch, seeds per arm, CPU time, devices, and which seeds ran where (`where`: device and number format -> seeds)."
+    "What the stored runs say of themselves: epochs, steps per epoch, seeds per arm, CPU time, devices, which seeds ran where (`where`: device and number format -> seeds), and which diverged (`diverged`: seed -> arms)."
     import json
     folder = Path(folder)
     runs = {f: json.loads(f.read_text()) for f in sorted(folder.glob("*/seed*/metrics.json"))}
@@ -182,7 +195,8 @@ def study_facts(folder, # a study's folder
                 seeds={a: sum(f.parent.parent.name == a for f in runs) for a in arms},
                 cpu_seconds=timing.get("cpu_seconds"), devices=timing.get("devices", []),
                 wall_seconds=round(sum(walls), 1) if walls and None not in walls else None,   # every run's own clock, or None
-                where={k: sorted(v) for k, v in sorted(where.items(), key=lambda kv: min(kv[1]))})
+                where={k: sorted(v) for k, v in sorted(where.items(), key=lambda kv: min(kv[1]))},
+                diverged={s: sorted(arms) for s, arms in diverged_seeds(folder).items()})
 
 # %% ../nbs/11a_study.ipynb #7a6c66f3
 def study_report(method: str, # the method's folder under `results/`
@@ -284,6 +298,15 @@ def short_of_power(rep: dict, # a `study_report`
                         f"({sd:.1f} points) the power rule {asks}; `run_study` adds them.")
     return " ".join(said) or None
 
+def diverged_text(rep: dict, # a `study_report`
+                 ) -> str | None:
+    "A sentence naming every seed where a run diverged: that seed pairs nothing, and the power rule counted the seed after it instead (None when none diverged)."
+    gone = rep["facts"].get("diverged") or {}
+    if not gone: return None
+    each = "; ".join(f"seed {s}: {', '.join(rep['labels'].get(a, a) for a in arms)}" for s, arms in sorted(gone.items()))
+    return (f"Runs that diverged ({each}) are results of their arm's setting, kept as `diverged.json`; "
+            f"a seed where the baseline or a main arm diverged pairs nothing, and the power rule counted the seed after it instead.")
+
 def where_text(facts: dict, # `study_facts`
               ) -> str:
     "Where a study's runs trained, for its page: one device, or each device with its seeds (each pair of arms shares one, which `check_runs` verifies)."
@@ -313,6 +336,7 @@ def show_study(method: str, # the study's folder under `results/`
     f = rep["facts"]
     if not rep["design"]: print(LEGACY_NOTE)
     elif (short := incomplete(rep) or short_of_power(rep)): print(short)
+    if (gone := diverged_text(rep)): print(gone)
     display(Markdown("\n".join(f"- {v}" for v in rep["verdicts"])))
     print(f"Primary metric: {metric_name(rep['primary'])}. {'/'.join(map(str, f['epochs']))} epochs of "
           f"{'/'.join(map(str, f['steps_per_epoch'])) or '?'} steps; {time_text(f)} on {where_text(f)}.")

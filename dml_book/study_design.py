@@ -11,7 +11,8 @@ from dataclasses import dataclass, field, replace, asdict
 from pathlib import Path
 import numpy as np, pandas as pd
 from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, VALIDATION, REFERENCE_SEED,
-                            MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS, TARGET_HALF_WIDTH, where_ran)
+                            MIN_SEEDS, MAX_SEEDS, ABLATION_SEEDS, TARGET_HALF_WIDTH, where_ran,
+                            DIVERGED, diverged_seeds)
 
 # %% auto #0
 __all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'PRETRAINED_BACKBONE', 'PRETRAINED_SETTINGS', 'REGIMES',
@@ -208,9 +209,11 @@ def train_one(cfg, # the run: its `out` is the run's folder
               threads: int = 1, # torch threads of this run
               keep_log: bool = False, # keep the step log (the reference seed)
              ) -> dict:
-    "Train (or resume) one run in a folder made without following a link (`make_folder`), keep only its small files, write `run.json`; its `run.json`."
+    """Train (or resume) one run in a folder made without following a link (`make_folder`), keep only its small files, write
+    `run.json`; its `run.json`. A run that diverges (`TrainingDiverged`) is a result: `diverged.json` (why, and the
+    configuration) takes the place of `metrics.json`, and `run.json` says so."""
     import torch
-    from dml_book.train import Trainer
+    from dml_book.train import Trainer, TrainingDiverged
     from dml_book.files import make_folder, write_json, refuse_links
     fix = "remove the link, or run the study into another results store"
     c0, t0, out = None, time.time(), make_folder(cfg.out, results, fix)
@@ -218,11 +221,15 @@ def train_one(cfg, # the run: its `out` is the run's folder
     torch.set_num_threads(threads)
     cpu = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
     c0 = cpu()
-    trainer = Trainer(_located(cfg, results)); trainer.fit()
+    trainer, diverged = Trainer(_located(cfg, results)), None
+    try: trainer.fit()
+    except TrainingDiverged as e: diverged = str(e)   # resumed, it would diverge again at the same step
     for name in ("checkpoint.pt", "best.pt", ".lock", *(() if keep_log else ("log.jsonl",))): (out/name).unlink(missing_ok=True)
-    _relative_paths(out, Path(results), cfg.weights_path)
+    if diverged: write_json(out/DIVERGED, dict(diverged=diverged, config={**asdict(cfg), "out": str(out.resolve().relative_to(Path(results).resolve()))}), indent=1)
+    else: _relative_paths(out, Path(results), cfg.weights_path)
     info = dict(cpu_seconds=round(cpu() - c0, 1), wall_seconds=round(time.time() - t0, 1), threads=threads,
-                device=str(trainer.device), gpu=torch.cuda.get_device_name() if trainer.device.type == "cuda" else None)
+                device=str(trainer.device), gpu=torch.cuda.get_device_name() if trainer.device.type == "cuda" else None,
+                **({"diverged": diverged} if diverged else {}))
     write_json(out/"run.json", info)
     return info
 
@@ -233,7 +240,7 @@ def run_arms(study: Study, # the study
              jobs: int = 2, # runs side by side (processes); 1: in this process
              log=print, # where progress lines go
             ) -> list[tuple[str, int]]:
-    "Train every (arm, seed) of `seeds` that has no `metrics.json` of the same configuration; the runs trained."
+    "Train every (arm, seed) of `seeds` that has no `metrics.json` (or `diverged.json`) of the same configuration; the runs trained."
     from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing as mp
     results = Path(results); root = results/study.name
@@ -241,16 +248,17 @@ def run_arms(study: Study, # the study
     for arm, arm_seeds in seeds.items():
         for s in arm_seeds:
             cfg = replace(study.arms[arm], seed=int(s), out=str(root/arm/f"seed{s}"))
-            done = Path(cfg.out)/"metrics.json"
-            if done.is_file() and _same_config(done, cfg): continue
-            if done.is_file():   # written by another configuration: kept aside under a name no `seed*` pattern reads (nothing deleted)
+            done = next((f for f in (Path(cfg.out)/"metrics.json", Path(cfg.out)/DIVERGED) if f.is_file()), None)   # finished, or diverged
+            if done and _same_config(done, cfg): continue
+            if done:   # written by another configuration: kept aside under a name no `seed*` pattern reads (nothing deleted)
                 stale = next(p for i in range(10**6) if not os.path.lexists(p := Path(cfg.out).with_name(f"stale-seed{s}" + (f"-{i}" if i else ""))))
                 Path(cfg.out).rename(stale); log(f"{arm}/seed{s}: stored by another configuration, moved to {stale.name}")
             todo.append((arm, int(s), cfg))
     todo.sort(key=lambda t: t[1])   # seed by seed (stable: the arms in order): a study stopped part-way holds whole pairs
     if not todo: return []
     threads = _threads(jobs)
-    report = lambda arm, s, info: log(f"{study.name}/{arm}/seed{s}: {info['cpu_seconds'] / 60:.1f} CPU-min on {info['device']}")
+    report = lambda arm, s, info: log(f"{study.name}/{arm}/seed{s}: {info['cpu_seconds'] / 60:.1f} CPU-min on {info['device']}"
+                                      + (f"; diverged: {info['diverged']}" if info.get("diverged") else ""))
     if jobs == 1:
         for arm, s, cfg in todo: report(arm, s, train_one(cfg, results, threads, s == REFERENCE_SEED))
         return [(a, s) for a, s, _ in todo]
@@ -269,7 +277,8 @@ def plan_seeds(study: Study, # the study
                min_seeds: int = MIN_SEEDS, # the fewest seeds of a main arm
                max_seeds: int = MAX_SEEDS, # the power rule's cap
               ) -> dict:
-    "Arm -> seeds the study needs now: the power rule on the stored pairs for the baseline and main arms, ablations fixed."
+    """Arm -> seeds the study needs now: the power rule on the stored pairs for the baseline and main arms (a seed where
+    one of them diverged does not count: the plan reaches one seed further, within `max_seeds`), ablations fixed."""
     n = min_seeds
     frame = _stored_frame(root, study.primary)
     for arm in study.main:
@@ -277,8 +286,11 @@ def plan_seeds(study: Study, # the study
         try: p = paired_difference(frame, arm, study.baseline)
         except ValueError: continue
         if p["n"] >= min_seeds: n = max(n, seeds_needed(100 * p["std"], half_width, lo=min_seeds, hi=max_seeds))
-    n = min(n, max_seeds)
-    plan = {a: STUDY_SEEDS[:n] for a in (study.baseline, *study.main)}
+    paired = (study.baseline, *study.main)
+    gone = diverged_seeds(root, paired)   # a pair with a diverged run is no pair: the next seed takes its place, within the cap
+    k = n
+    while k < max_seeds and sum(s not in gone for s in STUDY_SEEDS[:k]) < n: k += 1
+    plan = {a: STUDY_SEEDS[:min(k, max_seeds)] for a in paired}
     plan.update({a: STUDY_SEEDS[:ABLATION_SEEDS] for a in study.arms if a not in plan})
     return plan
 
