@@ -10,6 +10,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 import pandas as pd
+from .study import DIVERGED
 from .study_design import StudyError, _threads
 from .tune import ACTIVE
 
@@ -64,20 +65,35 @@ def selection_plan(tuning, # the `Tuning`
             for t in candidates(trials, n).itertuples() for s in seeds]
 
 # %% ../nbs/11g_selection.ipynb #62f4254d
+def _run_or_diverge(cfg, threads: int, results: Path) -> dict | None:
+    "`run_trial`; a run that diverges leaves `diverged.json` (why) and no checkpoint, and gives None."
+    from dml_book.tune import run_trial
+    from dml_book.train import TrainingDiverged
+    from dml_book.files import write_json
+    try: return run_trial(cfg, threads, results)
+    except TrainingDiverged as e:
+        out = Path(cfg.out)
+        for name in ("checkpoint.pt", "best.pt", "log.jsonl", ".lock"): (out/name).unlink(missing_ok=True)
+        write_json(out/DIVERGED, dict(diverged=str(e)), indent=1)
+        return None
+
+def _finished(cfg) -> bool: return any((Path(cfg.out)/f).is_file() for f in ("metrics.json", DIVERGED))
+
+def _said(final: dict | None) -> str: return "diverged" if final is None else f"validation R@1 {100 * final['val_R@1']:.2f}"
+
 def _train(runs: list, # (key, configuration) pairs
            results, # the results store
            jobs: int, # runs side by side (processes)
            say, # called with (key, final validation metrics) as each run finishes
           ):
-    "Train (or resume) each configuration through `run_trial`, the tuning trials' runner, `jobs` side by side."
+    "Train (or resume) each configuration through `run_trial`, the tuning trials' runner, `jobs` side by side; `say` gets None for a run that diverged."
     from concurrent.futures import ProcessPoolExecutor, as_completed
     import multiprocessing as mp
-    from dml_book.tune import run_trial
     if jobs == 1:
-        for k, c in runs: say(k, run_trial(c, _threads(1), Path(results)))
+        for k, c in runs: say(k, _run_or_diverge(c, _threads(1), Path(results)))
         return
     with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        futures = {pool.submit(run_trial, c, _threads(jobs), Path(results)): k for k, c in runs}
+        futures = {pool.submit(_run_or_diverge, c, _threads(jobs), Path(results)): k for k, c in runs}
         for f in as_completed(futures): say(futures[f], f.result())
 
 def run_selection(tuning, # the `Tuning`
@@ -92,8 +108,8 @@ def run_selection(tuning, # the `Tuning`
     if trials is None: raise StudyError(f"tuning {tuning.study.name!r} has no stored trials.csv: run `dml-book tune {tuning.study.name}` first")
     run_reruns(tuning, arms, results, jobs, log)
     todo = [((a, k, s), c) for a in arms for k, s, c in selection_plan(tuning, a, arm_trials(tuning, a, results, trials[trials.arm == a]), results)
-            if not (Path(c.out)/"metrics.json").is_file()]
-    _train(todo, results, jobs, lambda key, final: log(f"{tuning.study.name}/{key[0]}: candidate trial{key[1]} seed{key[2]}: validation R@1 {100 * final['val_R@1']:.2f}"))
+            if not _finished(c)]
+    _train(todo, results, jobs, lambda key, final: log(f"{tuning.study.name}/{key[0]}: candidate trial{key[1]} seed{key[2]}: {_said(final)}"))
     return len(todo)
 
 # %% ../nbs/11g_selection.ipynb #0b409fee
@@ -102,9 +118,10 @@ _CANDIDATE_SCHEMA = {"final": (lambda v: isinstance(v, dict) and isinstance(v.ge
 _MECHANISM = lambda v: isinstance(v, dict) and isinstance(v.get("active"), bool) and isinstance(v.get("value"), (int, float))
 
 def _run_record(folder: Path) -> dict | None:
-    "A finished candidate run's validation R@1 and mechanism record (None: none), read through the schema layer; None if unfinished."
+    "A finished candidate run's validation R@1 and mechanism record (None: none), read through the schema layer; `diverged` (why) for one that diverged; None if unfinished."
     from dml_book.files import read_json, FileError
     f, fix = folder/"metrics.json", f"delete {folder} and run `run_selection` again"
+    if (folder/DIVERGED).is_file(): return dict(val_R1=None, mechanism=None, diverged=read_json(folder/DIVERGED, {"diverged": (lambda v: isinstance(v, str), "the reason")}, fix)["diverged"])
     if not (f.exists() or f.is_symlink()): return None
     m = read_json(f, _CANDIDATE_SCHEMA, fix, max_bytes=64 << 20); mech = m.get("mechanism")
     if mech is not None and not _MECHANISM(mech): raise FileError(f"{f}: its mechanism record is invalid: expected criterion, value, threshold, active; {fix}")
@@ -116,17 +133,18 @@ def selection_frame(tuning, # the `Tuning`
                     trials: pd.DataFrame | None = None, # the arm's trials (None: read them)
                     judged: bool | None = None, # whether the arm's activity criterion decides (None: every arm but the baseline)
                     seeds=SELECTION_SEEDS, n: int = SELECTION_CANDIDATES) -> pd.DataFrame:
-    "Per candidate: its trial, short and full-schedule validation R@1 (points), seeds finished, the criterion, the pick."
+    "Per candidate: its trial, short and full-schedule validation R@1 (points), seeds finished (`diverged`: how many of them diverged), the criterion, the pick."
     from dml_book.files import FileError
     if trials is None: trials = arm_trials(tuning, arm, results)
     judged = arm != getattr(tuning.study, "baseline", "baseline") if judged is None else judged
     root, rows = selection_folder(results, tuning, arm), []
     for t in candidates(trials, n).itertuples():
         runs = [(s, r) for s in seeds if (r := _run_record(root/f"trial{int(t.number)}"/f"seed{s}")) is not None]
+        gone, runs = [s for s, r in runs if r.get("diverged")], [(s, r) for s, r in runs if not r.get("diverged")]
         if judged and (old := [s for s, r in runs if r["mechanism"] is None]):
             raise FileError(f"{root}/trial{int(t.number)}/seed{old[0]} records no mechanism, so its criterion cannot be judged; delete it and run `run_selection` again")
         mech = [r["mechanism"] for _, r in runs if r["mechanism"]]
-        rows.append(dict(candidate=int(t.number), epochs=tuning.study.arms[arm].epochs, seeds=len(runs), short_val_R1=100 * t.val_R1,
+        rows.append(dict(candidate=int(t.number), epochs=tuning.study.arms[arm].epochs, seeds=len(runs) + len(gone), diverged=len(gone), short_val_R1=100 * t.val_R1,
                          val_R1=100 * sum(r["val_R1"] for _, r in runs) / len(runs) if runs else float("nan"),
                          criterion=mech[0]["criterion"] if mech else None,
                          criterion_value=sum(m["value"] for m in mech) / len(mech) if mech else float("nan"),
@@ -136,9 +154,9 @@ def selection_frame(tuning, # the `Tuning`
 def pick(frame: pd.DataFrame, # `selection_frame` rows without `picked`
          seeds: int, # seeds a candidate needs to be picked
         ) -> pd.DataFrame:
-    "Mark the pick once every candidate has all its seeds: the highest full-schedule validation R@1 among those whose criterion held (or that have none)."
+    "Mark the pick once every candidate has all its seeds: the highest full-schedule validation R@1 among those whose criterion held (or that have none) and no seed diverged."
     if not len(frame) or (frame.seeds < seeds).any(): return frame.assign(picked=False)   # the selection is not finished
-    ok = frame.active.map(lambda a: a is None or bool(a))
+    ok = frame.active.map(lambda a: a is None or bool(a)) & (frame.diverged == 0 if "diverged" in frame else True)
     best = frame[ok].sort_values(["val_R1", "short_val_R1"], ascending=False).candidate.head(1).tolist()
     return frame.assign(picked=frame.candidate.isin(best))
 
@@ -232,14 +250,14 @@ def device_frame(tuning, # the `Tuning`
                  results, # the results store
                  trials: pd.DataFrame, # the arm's trials (`read_trials`, one arm)
                 ) -> pd.DataFrame:
-    "Per counted trial: where it ran and its validation R@1 there, where it ran again and its value there (fractions; NaN: not finished)."
+    "Per counted trial: where it ran and its validation R@1 there, where it ran again and its value there (fractions; NaN: not finished; 0: diverged there, as a diverged trial counts)."
     from dml_book.tuning_report import counted
     devices, root, rows = trial_devices(tuning, arm, results, trials), Path(results)/tuning.study.name/"tuning"/arm/DEVICE_FOLDER, []
     for t in counted(trials).itertuples():
         r, f = _run_record(root/f"trial{int(t.number)}"), root/f"trial{int(t.number)}"/"run.json"
         rows.append(dict(number=int(t.number), device=devices[int(t.number)], val_R1=t.val_R1,
                          rerun_device=device_kind(json.loads(f.read_text())["device"]) if r is not None and f.is_file() else None,
-                         rerun_val_R1=float("nan") if r is None else r["val_R1"], params=t.params))
+                         rerun_val_R1=float("nan") if r is None else 0.0 if r.get("diverged") else r["val_R1"], params=t.params))
     return pd.DataFrame(rows)
 
 def device_agreement(frame: pd.DataFrame, # `device_frame`, every re-run finished
@@ -263,10 +281,10 @@ def run_reruns(tuning, # the `Tuning`
     trials = read_trials(results, tuning.study.name)
     if trials is None: return 0
     plans = {a: rerun_plan(tuning, a, results, trials[trials.arm == a]) for a in arms}
-    todo = [(a, k, c) for a, p in plans.items() for k, c in p if not (Path(c.out)/"metrics.json").is_file()]
+    todo = [(a, k, c) for a, p in plans.items() for k, c in p if not _finished(c)]
     here = this_device()
     _train([((a, k), c) for a, k, c in todo], results, jobs,
-           lambda key, final: log(f"{tuning.study.name}/{key[0]}: trial{key[1]} again on {here}: validation R@1 {100 * final['val_R@1']:.2f}"))
+           lambda key, final: log(f"{tuning.study.name}/{key[0]}: trial{key[1]} again on {here}: {_said(final)}"))
     for a, p in plans.items():
         if p: write_text(Path(results)/tuning.study.name/"tuning"/a/"device.csv", device_frame(tuning, a, results, trials[trials.arm == a]).to_csv(index=False))
     return len(todo)
