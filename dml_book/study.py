@@ -19,7 +19,7 @@ __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLA
            'where_ran', 'seed_ranges', 'diverged_seeds', 'study_facts', 'study_report', 'metric_name', 'arms_table',
            'incomplete', 'short_of_power', 'diverged_text', 'where_text', 'time_text', 'show_study', 'main_verdict',
            'regimes', 'read_log', 'reference_run', 'mechanism_of', 'mechanism_table', 'active_share',
-           'mechanism_at_work', 'mechanism_summary', 'show_mechanisms']
+           'mechanism_at_work', 'record_mechanism', 'mechanism_summary', 'show_mechanisms']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -436,6 +436,18 @@ def mechanism_at_work(table: pd.DataFrame, # a `mechanism_table`
     "Whether at least `ACTIVE_SHARE` of the seeds that can say meet the criterion; None where no seed can say."
     met, known = active_share(table)
     return None if known == 0 else met >= ACTIVE_SHARE * known
+
+# %% ../nbs/11a_study.ipynb #47927bfc
+def record_mechanism(run_dir, # a stored run's folder (`metrics.json`, and `log.jsonl` where kept)
+                    ) -> dict | None:
+    "Write the criterion its step log shows (`mechanism_of`) into the run's `metrics.json` when it has none and keeps a log; the record written, else None."
+    from dml_book.files import read_json, write_json
+    run = Path(run_dir); f = run/"metrics.json"
+    if not (run/"log.jsonl").is_file(): return None
+    m = read_json(f, {"config": (lambda v: isinstance(v, dict), "the run's configuration")}, f"rerun the run into {run}", max_bytes=256 << 20)
+    if "mechanism" in m or (c := mechanism_of(run)) is None: return None
+    write_json(f, {**m, "mechanism": c}, indent=1)   # whole, renamed into place
+    return c
 
 # %% ../nbs/11a_study.ipynb #ebc0f955
 MECHANISM_STUDIES = (("from scratch, the papers' settings", "{m}"), ("from scratch, tuned", "{m}/tuned"),
