@@ -19,8 +19,8 @@ __all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'DEVICE_FOLDER', 'DATA_FIE
            'candidate_config', 'selection_plan', 'run_selection', 'selection_frame', 'pick', 'regret',
            'write_selection', 'picked_values', 'short_rung_check', 'device_kind', 'this_device', 'trial_devices',
            'rerun_plan', 'device_frame', 'device_agreement', 'run_reruns', 'arm_trials', 'data_knob', 'check_symmetric',
-           'active_tuning', 'active_study', 'active_swap_study', 'decide_swaps', 'write_infeasible', 'study_cost',
-           'active_progress', 'show_active']
+           'active_tuning', 'active_study', 'active_swap_study', 'decide_swaps', 'swap_table', 'write_infeasible',
+           'study_cost', 'active_progress', 'show_active', 'cost_text']
 
 # %% ../nbs/11g_selection.ipynb #4294b004
 SELECTION_CANDIDATES = 3   # settings of each arm that reach the study's full schedule
@@ -398,6 +398,26 @@ def decide_swaps(tuning, # an `active_tuning` whose study at the picks is decide
                 make_folder(dst.parent, results); shutil.copytree(src/arm/f"seed{k}", dst)
     return run_study(swap, results, jobs=jobs, seeds={a: seeds for a in swap.arms}, log=log)
 
+# %% ../nbs/11g_selection.ipynb #bf2e64e7
+def swap_table(name: str, # a study with a search space
+               root=None, # the results store (default: `results_dir()`)
+              ) -> pd.DataFrame | None:
+    "The method at its pick and both swaps (`<name>/tuned-active-swap`), each against the baseline at its pick: seed-paired difference, 95% interval (points), seeds; None where no swap is stored."
+    from dml_book.results import results_dir
+    from dml_book.study import study_frame, paired_difference
+    folder = (results_dir() if root is None else Path(root))/name/"tuned-active-swap"
+    if not (folder/"study.json").is_file(): return None
+    design, m = json.loads((folder/"study.json").read_text()), name.upper()
+    try: frame = study_frame(folder, **design.get("primary", {}))
+    except ValueError: return None
+    rows = []
+    labels = {name: f"{m} at its pick", f"{name}-baseline-shared": f"{m} at the baseline's knobs", f"baseline-{name}-shared": f"the baseline at {m}'s knobs"}
+    for a, label in labels.items():
+        try: p = paired_difference(frame, a, design["baseline"])
+        except ValueError: continue   # not stored yet, or one seed
+        rows.append(dict(arm=label, diff=100 * p["mean"], low=100 * p["low"], high=100 * p["high"], seeds=p["n"]))
+    return pd.DataFrame(rows) if rows else None
+
 # %% ../nbs/11g_selection.ipynb #7b58c7c3
 def write_infeasible(tuning, # an `active_tuning`
                      results, # the results store
@@ -491,4 +511,15 @@ def show_active(name: str, # a study with a search space
         print(f"\nNo setting kept {name.upper()}'s mechanism at work: {json.loads(f.read_text())['why']}.")
     v = finding(name, root=root, settings="tuned, mechanism at work")
     print(f"\nVerdict at the picks: {finding_text(v)}" if v else "\nVerdict at the picks: not decided yet (the study `<study>/tuned-active` is not stored).")
-    if (c := root/name/"tuned-active"/"cost.json").is_file(): print("Cost, process minutes by phase and device:", json.loads(c.read_text()))
+    if (sw := swap_table(name, root)) is not None:
+        print("Swaps of the knobs both arms search, each against the baseline at its pick (test R@1, points):\n" + sw.round(2).to_string(index=False))
+    if (c := root/name/"tuned-active"/"cost.json").is_file(): print(cost_text(json.loads(c.read_text())))
+
+def cost_text(cost: dict, # a study's `cost.json` (`study_cost`)
+             ) -> str:
+    "The cost in a sentence: each phase's process minutes by device, its runs, and the CPU-minutes in all."
+    dev = {"cpu": "CPU", "cuda": "GPU"}
+    phases = [f"{p} {' + '.join(f'{m:.1f} {dev.get(d, d)}' for d, m in v.items())} ({cost.get('runs', {}).get(p, '?')} runs)"
+              for p, v in cost.items() if p != "runs"]
+    cpu = sum(v.get("cpu", 0) for p, v in cost.items() if p != "runs")
+    return f"Cost, process minutes by phase: {'; '.join(phases)}; {cpu:.0f} CPU-minutes in all."
