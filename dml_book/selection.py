@@ -66,15 +66,20 @@ def selection_plan(tuning, # the `Tuning`
 
 # %% ../nbs/11g_selection.ipynb #62f4254d
 def _run_or_diverge(cfg, threads: int, results: Path) -> dict | None:
-    "`run_trial`; a run that diverges leaves `diverged.json` (why) and no checkpoint, and gives None."
+    "`run_trial`; a run that diverges leaves `diverged.json` (why), its `run.json` (its time counts) and no checkpoint, and gives None."
+    import resource, time
     from dml_book.tune import run_trial
     from dml_book.train import TrainingDiverged
     from dml_book.files import write_json
+    cpu = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
+    c0, t0 = cpu(), time.time()
     try: return run_trial(cfg, threads, results)
     except TrainingDiverged as e:
         out = Path(cfg.out)
         for name in ("checkpoint.pt", "best.pt", "log.jsonl", ".lock"): (out/name).unlink(missing_ok=True)
         write_json(out/DIVERGED, dict(diverged=str(e)), indent=1)
+        write_json(out/"run.json", dict(cpu_seconds=round(cpu() - c0, 1), wall_seconds=round(time.time() - t0, 1), threads=threads,
+                                        device=str(cfg.device if cfg.device != "auto" else this_device()), diverged=str(e)))
         return None
 
 def _finished(cfg) -> bool: return any((Path(cfg.out)/f).is_file() for f in ("metrics.json", DIVERGED))
