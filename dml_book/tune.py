@@ -6,19 +6,19 @@ Docs: https://dml-book.github.io/dml_book/tune.html.md"""
 
 # %% ../nbs/11e_tune.ipynb #679df354
 from __future__ import annotations
-import fcntl, functools, json, math, os, re, resource, shutil, time
+import functools, json, math, os, resource, shutil, time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace, asdict
 from pathlib import Path
 import pandas as pd
 from .study_design import (Study, study_spec, config_fields, arm_differences, check_arms, StudyError, _threads, _declared,
                                    _relative_paths)
+from .tune_storage import HEARTBEAT, default_storage, shown, _hidden, sqlite_file, open_storage, creation_lock
 
 # %% auto #0
-__all__ = ['SEARCH_SPACES', 'TRIALS', 'ACTIVE', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'HEARTBEAT',
-           'CONFIRM_SECONDS', 'PRETRAINED_TUNED_SEEDS', 'SHARED_SWAP', 'Knob', 'set_fields', 'knob_values', 'Tuning',
-           'tuning_spec', 'check_trial', 'calibration_configs', 'calibrate_trial_length', 'trial_length_check',
-           'rank_agreement', 'default_storage', 'shown', 'sqlite_file', 'open_storage', 'creation_lock',
+__all__ = ['SEARCH_SPACES', 'TRIALS', 'ACTIVE', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'CONFIRM_SECONDS',
+           'PRETRAINED_TUNED_SEEDS', 'SHARED_SWAP', 'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec',
+           'check_trial', 'calibration_configs', 'calibrate_trial_length', 'trial_length_check', 'rank_agreement',
            'validation_trainer', 'run_trial', 'constraint_value', 'record_constraint', 'optuna_study', 'trial_folder',
            'trial_origin', 'fail_stale', 'claim', 'beating', 'own_failure', 'run_one', 'finished_run',
            'recover_finished', 'tune', 'tuning_plan', 'plan_lines', 'needs_confirmation', 'trials_frame',
@@ -240,96 +240,6 @@ def rank_agreement(frame: pd.DataFrame) -> pd.DataFrame:
     from scipy.stats import spearmanr
     return pd.DataFrame([dict(epochs=e, configurations=len(g), spearman=spearmanr(g.trial, g.full).statistic,
                               p=spearmanr(g.trial, g.full).pvalue) for e, g in frame.groupby("epochs")]).set_index("epochs")
-
-# %% ../nbs/11e_tune.ipynb #ab63efa6
-HEARTBEAT = 60   # seconds between a running trial's heartbeats; a trial silent for 3 of them is failed and retried
-
-def default_storage(results, # the results store
-                    name: str, # the study
-                   ) -> str:
-    "Where a study's tuning is recorded unless told otherwise: an SQLite file in its folder (its path absolute, no link resolved)."
-    return f"sqlite:///{os.path.abspath(Path(results)/name/'tuning'/'optuna.db')}"
-
-def shown(url: str) -> str:
-    "`url` as a message shows it: its password hidden."
-    try:
-        from sqlalchemy.engine import make_url
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception: return re.sub(r"(://[^/@]*?:)[^@/]*@", r"\1***@", url)   # not a URL: hide what would be one's password
-
-def _hidden(url: str, text: str) -> str:
-    "`text` with `url` and its password replaced by `shown(url)` and ***."
-    text = text.replace(url, shown(url))
-    try:
-        from sqlalchemy.engine import make_url
-        pw = make_url(url).password
-    except Exception: pw = (re.search(r"://[^/@]*?:([^@/]*)@", url) or [None, None])[1]
-    return text.replace(pw, "***") if pw else text
-
-def sqlite_file(url: str) -> Path | None:
-    "The file of an SQLite URL (None for a server's); a storage that keeps nothing (in memory) refused in one line."
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-    try: u = make_url(url)
-    except (ArgumentError, ValueError): raise StudyError(f"storage {shown(url)} is not an SQLAlchemy URL (e.g. sqlite:///path/optuna.db, postgresql+psycopg://user@host/db)") from None
-    if u.get_backend_name() != "sqlite": return None
-    db = u.database or ""
-    if db in ("", ":memory:") or db.startswith("file::memory:") or u.query.get("mode") == "memory":
-        raise StudyError(f"storage {shown(url)} keeps nothing once the process ends: name a file (sqlite:///path/optuna.db) or a database server")
-    return Path(db)
-
-def open_storage(url: str, # an SQLAlchemy URL: sqlite:///path, postgresql+psycopg://user@host/db, mysql+pymysql://...
-                 heartbeat: int = HEARTBEAT, # seconds between heartbeats
-                ):
-    "Optuna's RDB storage at `url`, with heartbeats: a trial whose process died is failed and run again from its checkpoint."
-    import warnings, optuna
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
-    from sqlalchemy.exc import SQLAlchemyError
-    from dml_book.files import FileError
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)   # heartbeats: stable in use since 2.9
-    db = sqlite_file(url)
-    if db is not None and db.is_symlink(): raise FileError(f"storage {db} is a symbolic link, and dml_book opens no database through a link; name the file itself")
-    kw = {"connect_args": {"timeout": 120}} if db is not None else {}   # two processes wait for each other's writes
-    try:
-        with creation_lock(url):   # two processes creating the tables at once would collide
-            return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
-                              heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3))
-    except (SQLAlchemyError, ImportError) as e:   # a malformed URL, a missing driver, a server that does not answer
-        hint = ("; install its driver: pip install 'psycopg[binary]' (in a clone: pip install '.[cluster]'), and name it in the URL: "
-                "postgresql+psycopg://...") if isinstance(e, ImportError) else ""
-        raise StudyError(f"storage {shown(url)} cannot be opened: {_hidden(url, str(e).splitlines()[0] if str(e) else type(e).__name__)}{hint}") from None
-
-
-# %% ../nbs/11e_tune.ipynb #a1b2c302
-_LOCK_KEY = 0x646d6c62   # "dmlb": the advisory lock every dml_book tuning takes on a server
-
-@functools.cache
-def _lock_engine(url: str):
-    from sqlalchemy import create_engine
-    from sqlalchemy.pool import NullPool
-    return create_engine(url, poolclass=NullPool)   # a connection per lock: closing it (or dying) releases the lock
-
-@contextmanager
-def creation_lock(url: str):
-    "One process at a time: an OS lock on an SQLite file's folder, or a lock in the server's database itself."
-    from dml_book.files import FileError
-    db = sqlite_file(url)
-    if db is not None:
-        db.parent.mkdir(parents=True, exist_ok=True)
-        try: fd = os.open(db.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as e: raise FileError(f"cannot lock the storage's folder {db.parent}: {e.strerror} (a link is refused); name another storage") from None
-        try: fcntl.flock(fd, fcntl.LOCK_EX); yield
-        finally: os.close(fd)   # closing releases the lock
-        return
-    from sqlalchemy import text
-    with _lock_engine(url).connect() as c:
-        lock, unlock = {"postgresql": ("SELECT pg_advisory_lock(:k)", "SELECT pg_advisory_unlock(:k)"),
-                        "mysql": ("SELECT GET_LOCK('dml_book_tuning', -1)", "SELECT RELEASE_LOCK('dml_book_tuning')")}.get(
-                            c.dialect.name, (None, None))
-        if lock: c.execute(text(lock), {"k": _LOCK_KEY})
-        try: yield
-        finally:
-            if unlock: c.execute(text(unlock), {"k": _LOCK_KEY})
 
 # %% ../nbs/11e_tune.ipynb #d0175aee
 @functools.cache
