@@ -170,11 +170,13 @@ def diverged_seeds(root, # a study's folder
                    arms=None, # the arms to look in (default: all)
                   ) -> dict:
     "Seed -> {arm: why} for every run under `root` (of `arms`) that diverged (`diverged.json`)."
-    import json
+    from dml_book.files import read_json
     out = {}
     for f in sorted(Path(root).glob("*/seed*/" + DIVERGED)):
         arm, seed = f.parent.parent.name, f.parent.name[4:]
-        if seed.isdigit() and (arms is None or arm in arms): out.setdefault(int(seed), {})[arm] = json.loads(f.read_text())["diverged"]
+        if seed.isdigit() and (arms is None or arm in arms):
+            why = read_json(f, {"diverged": (lambda v: isinstance(v, str), "why the run stopped")}, f"delete {f.parent} and run the study again")
+            out.setdefault(int(seed), {})[arm] = why["diverged"]
     return out
 
 def study_facts(folder, # a study's folder
