@@ -453,7 +453,9 @@ def record_mechanism(run_dir, # a stored run's folder (`metrics.json`, and `log.
 
 # %% ../nbs/11a_study.ipynb #ebc0f955
 MECHANISM_STUDIES = (("from scratch, the papers' settings", "{m}"), ("from scratch, tuned", "{m}/tuned"),
-                     ("pretrained, the papers' settings", "pretrained/{m}"), ("pretrained, tuned", "pretrained/{m}/tuned"))
+                     ("from scratch, tuned with the mechanism at work", "{m}/tuned-active"),
+                     ("pretrained, the papers' settings", "pretrained/{m}"), ("pretrained, tuned", "pretrained/{m}/tuned"),
+                     ("pretrained, tuned with the mechanism at work", "pretrained/{m}/tuned-active"))
 
 def mechanism_summary(method: str, # a method with a declared criterion (its studies' method arm has its name)
                       root=None, # the results store (default: `results/` beside `nbs/` of this clone)
