@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 import pandas as pd
 from .study import DIVERGED
-from .study_design import StudyError, _threads
+from .study_design import StudyError, _threads, _relative_paths
 from .tune import ACTIVE
 
 # %% auto #0
@@ -101,6 +101,27 @@ def _train(runs: list, # (key, configuration) pairs
         futures = {pool.submit(_run_or_diverge, c, _threads(jobs), Path(results)): k for k, c in runs}
         for f in as_completed(futures): say(futures[f], f.result())
 
+def _trial_is_run(tuning, arm: str, trial, cfg, results, log=print) -> bool:
+    """Where the candidate's run is its trial's own (the same configuration, length and seed, trained here on this kind of
+    device: the pretrained regime, whose trials run its whole schedule at seed 0), copy the trial's record instead of
+    training it again: `metrics.json`, and a `run.json` that names the trial and costs nothing. Whether it did."""
+    import shutil
+    from dml_book.files import make_folder, write_json
+    from dml_book.study_design import _same_config
+    root = Path(results)/tuning.study.name/"tuning"/arm
+    first = int(trial.retry_of) if pd.notna(getattr(trial, "retry_of", float("nan"))) else int(trial.number)
+    for src in (root/DEVICE_FOLDER/f"trial{int(trial.number)}", root/f"trial{first}"):   # trained again here first
+        m, r = src/"metrics.json", src/"run.json"
+        if not (m.is_file() and r.is_file()) or device_kind(json.loads(r.read_text()).get("device", "cpu")) != this_device(): continue
+        if not _same_config(m, cfg): return False
+        out = make_folder(cfg.out, results, "remove it, or select into another results store")
+        shutil.copyfile(m, out/"metrics.json"); _relative_paths(out, Path(results), cfg.weights_path)
+        write_json(out/"run.json", dict(cpu_seconds=0.0, wall_seconds=0.0, device=json.loads(r.read_text())["device"],
+                                        copied_from=str(src.relative_to(Path(results))), threads=0))
+        log(f"{tuning.study.name}/{arm}: candidate trial{int(trial.number)} seed{cfg.seed} is the trial itself: copied, not trained again")
+        return True
+    return False
+
 def run_selection(tuning, # the `Tuning`
                   arms, # the arms to select for
                   results, # the results store
@@ -112,8 +133,11 @@ def run_selection(tuning, # the `Tuning`
     trials = read_trials(results, tuning.study.name)
     if trials is None: raise StudyError(f"tuning {tuning.study.name!r} has no stored trials.csv: run `dml-book tune {tuning.study.name}` first")
     run_reruns(tuning, arms, results, jobs, log)
-    todo = [((a, k, s), c) for a in arms for k, s, c in selection_plan(tuning, a, arm_trials(tuning, a, results, trials[trials.arm == a]), results)
-            if not _finished(c)]
+    todo = []
+    for a in arms:
+        ranked = arm_trials(tuning, a, results, trials[trials.arm == a])
+        todo += [((a, k, s), c) for k, s, c in selection_plan(tuning, a, ranked, results)
+                 if not _finished(c) and not _trial_is_run(tuning, a, ranked[ranked.number == k].iloc[0], c, results, log)]
     _train(todo, results, jobs, lambda key, final: log(f"{tuning.study.name}/{key[0]}: candidate trial{key[1]} seed{key[2]}: {_said(final)}"))
     return len(todo)
 

@@ -136,3 +136,27 @@ def test_infeasible_is_concluded_only_from_a_finished_budget_and_selection_and_g
     assert rec["why"] == "no candidate met the criterion in every seed at the full schedule" and rec["feasible"] == 2 and f.exists()
     seed(0, 0, True); seed(0, 1, True)   # candidate 0 held after all: picked, the stale conclusion goes
     assert write_infeasible(t, tmp_path) is None and not f.exists()
+
+def test_a_candidate_that_is_its_trial_is_copied_not_trained(tmp_path, one_thread):
+    "Trials as long as the study's schedule (the pretrained regime): each candidate's seed-0 run is its trial, copied; seed 1 trains; the copy is what training would give."
+    from dml_book.selection import run_selection, selection_frame, study_cost
+    t = replace(dmml_tuning(trials=3), epochs=TINY.epochs)   # a trial runs the arm's whole schedule, at seed 0
+    T.tune(t, str(tmp_path), arms=("baseline",))
+    lines = []
+    assert run_selection(t, ("baseline",), str(tmp_path), log=lines.append) == 3   # seed 1 of each candidate only
+    copied = [l for l in lines if "is the trial itself" in l]
+    assert len(copied) == 3 and all("seed0" in l for l in copied)
+    sel, arm = tmp_path/"tiny"/"tuning"/"baseline"/"selection", tmp_path/"tiny"/"tuning"/"baseline"
+    for run in sel.glob("trial*/seed0"):
+        info = json.loads((run/"run.json").read_text())
+        assert info["copied_from"] == f"tiny/tuning/baseline/{run.parent.name}" and info["cpu_seconds"] == 0
+        m = json.loads((run/"metrics.json").read_text())
+        assert m["config"]["out"] == f"tiny/tuning/baseline/selection/{run.parent.name}/seed0"   # its own folder, relative
+        assert m["final"] == json.loads((arm/run.parent.name/"metrics.json").read_text())["final"]
+    k = int(next(sel.glob("trial*")).name[5:])   # trained for real with the trial's threads, a copied candidate gives the copy to the last bit
+    threads = json.loads((arm/f"trial{k}"/"run.json").read_text())["threads"]
+    again = T.run_trial(replace(TINY, **json.loads(pd.read_csv(arm/"trials.csv").set_index("number").params[k]),
+                                seed=0, out=str(tmp_path/"again")), threads, tmp_path)
+    assert again == json.loads((sel/f"trial{k}"/"seed0"/"metrics.json").read_text())["final"]
+    assert (selection_frame(t, "baseline", str(tmp_path)).seeds == 2).all() and study_cost(t, str(tmp_path))["runs"]["selection"] == 6
+    assert run_selection(t, ("baseline",), str(tmp_path), log=lines.append) == 0
