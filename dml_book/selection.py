@@ -549,6 +549,6 @@ def cost_text(cost: dict, # a study's `cost.json` (`study_cost`)
     "The cost in a sentence: each phase's process minutes by device, its runs, and the CPU-minutes in all."
     dev = {"cpu": "CPU", "cuda": "GPU"}
     phases = [f"{p} {' + '.join(f'{m:.1f} {dev.get(d, d)}' for d, m in v.items())} ({cost.get('runs', {}).get(p, '?')} runs)"
-              for p, v in cost.items() if p != "runs"]
+              for p, v in cost.items() if p != "runs" and v]   # a phase with no run (no swap, no device re-run) is left out
     cpu = sum(v.get("cpu", 0) for p, v in cost.items() if p != "runs")
     return f"Cost, process minutes by phase: {'; '.join(phases)}; {cpu:.0f} CPU-minutes in all."
