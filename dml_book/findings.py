@@ -138,13 +138,13 @@ def finding_text(f: dict | None, # a `finding`
     mechanism (a row of `findings`): '... worse (p < 0.001, Holm: worse; mechanism at work: its criterion met in 5 of 5 seeds)'; 'no study stored' for None."""
     if f is None: return "no study stored"
     text = f"{f['diff']:+.1f} ({f['low']:+.1f} to {f['high']:+.1f}), {f['seeds']} seeds: {f['decided']}"
-    if "p_holm" not in f: return text
+    gone = f.get("diverged") or {}
+    gone = (f"; seed{'s' * (len(gone) > 1)} {', '.join(map(str, sorted(gone)))} diverged and pair{'s' * (len(gone) == 1)} nothing" if gone else "")
+    if "p_holm" not in f: return text + (f" ({gone[2:]})" if gone else "")
     p = "p < 0.001" if f["p"] < 0.001 else f"p = {f['p']:.2g}"
     mech = f"; mechanism {f['mechanism']}: its criterion met in {f['mechanism_seeds']} seeds" if f.get("mechanism") else ""
     short = (f"; {f['seeds']} of the {f['seeds_needed']} seeds the power rule asks for a ±1-point interval"
              if f.get("seeds_needed") and f["seeds"] < f["seeds_needed"] else "")
-    gone = f.get("diverged") or {}
-    gone = (f"; seed{'s' * (len(gone) > 1)} {', '.join(map(str, sorted(gone)))} diverged and pair{'s' * (len(gone) == 1)} nothing" if gone else "")
     return text + f" ({p}, Holm: {f['holm']}{mech}{short}{gone})"
 
 def verdict_cell(method: str, # a method's name
