@@ -65,7 +65,7 @@ def finding(method: str, # a method with a study under `results/`
     return dict(method=method, regime=regime, settings=settings, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
                 seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm],
                 p=paired_p(p["mean"], p["std"], p["n"]), seeds_needed=power_seeds(100 * p["std"]), **mechanism_label(rep["root"], arm, settings),
-                diverged={s: arms for s, arms in rep["facts"].get("diverged", {}).items() if arm in arms or rep["design"].get("baseline", "baseline") in arms})
+                diverged=sorted(s for s, arms in rep["facts"].get("diverged", {}).items() if arm in arms or rep["design"].get("baseline", "baseline") in arms))
 
 def power_seeds(sd: float, # standard deviation of the paired differences, in points
                ) -> int:
