@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 import pandas as pd
 from .study import DIVERGED
-from .study_design import StudyError, _threads, _relative_paths
+from .study_design import StudyError, _threads, _relative_paths, RunClock, record_divergence
 from .tune import ACTIVE
 
 # %% auto #0
@@ -66,20 +66,13 @@ def selection_plan(tuning, # the `Tuning`
 
 # %% ../nbs/11g_selection.ipynb #62f4254d
 def _run_or_diverge(cfg, threads: int, results: Path) -> dict | None:
-    "`run_trial`; a run that diverges leaves `diverged.json` (why), its `run.json` (its time counts) and no checkpoint, and gives None."
-    import resource, time
+    "`run_trial`; a run that diverges is recorded as a study's is (`record_divergence`: its time counts), and gives None."
     from dml_book.tune import run_trial
     from dml_book.train import TrainingDiverged
-    from dml_book.files import write_json
-    cpu = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
-    c0, t0 = cpu(), time.time()
+    clock = RunClock()
     try: return run_trial(cfg, threads, results)
     except TrainingDiverged as e:
-        out = Path(cfg.out)
-        for name in ("checkpoint.pt", "best.pt", "log.jsonl", ".lock"): (out/name).unlink(missing_ok=True)
-        write_json(out/DIVERGED, dict(diverged=str(e)), indent=1)
-        write_json(out/"run.json", dict(cpu_seconds=round(cpu() - c0, 1), wall_seconds=round(time.time() - t0, 1), threads=threads,
-                                        device=str(cfg.device if cfg.device != "auto" else this_device()), diverged=str(e)))
+        record_divergence(Path(cfg.out), str(e), clock.record(threads, cfg.device if cfg.device != "auto" else this_device()))
         return None
 
 def _finished(cfg) -> bool: return any((Path(cfg.out)/f).is_file() for f in ("metrics.json", DIVERGED))
@@ -112,11 +105,13 @@ def _trial_is_run(tuning, arm: str, trial, cfg, results, log=print) -> bool:
     first = int(trial.retry_of) if pd.notna(getattr(trial, "retry_of", float("nan"))) else int(trial.number)
     for src in (root/DEVICE_FOLDER/f"trial{int(trial.number)}", root/f"trial{first}"):   # trained again here first
         m, r = src/"metrics.json", src/"run.json"
-        if not (m.is_file() and r.is_file()) or device_kind(json.loads(r.read_text()).get("device", "cpu")) != this_device(): continue
+        if not (m.is_file() and r.is_file()): continue
+        device = json.loads(r.read_text()).get("device", "cpu")
+        if device_kind(device) != this_device(): continue
         if not _same_config(m, cfg): return False
         out = make_folder(cfg.out, results, "remove it, or select into another results store")
         shutil.copyfile(m, out/"metrics.json"); _relative_paths(out, Path(results), cfg.weights_path)
-        write_json(out/"run.json", dict(cpu_seconds=0.0, wall_seconds=0.0, device=json.loads(r.read_text())["device"],
+        write_json(out/"run.json", dict(cpu_seconds=0.0, wall_seconds=0.0, device=device,
                                         copied_from=str(src.relative_to(Path(results))), threads=0))
         log(f"{tuning.study.name}/{arm}: candidate trial{int(trial.number)} seed{cfg.seed} is the trial itself: copied, not trained again")
         return True

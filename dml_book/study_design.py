@@ -17,9 +17,9 @@ from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, VALID
 # %% auto #0
 __all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'PRETRAINED_BACKBONE', 'PRETRAINED_SETTINGS', 'REGIMES',
            'PRETRAINED_REGIME', 'study_config', 'plot_calibration', 'precision_check', 'device_check', 'StudyError',
-           'config_fields', 'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'train_one',
-           'run_arms', 'plan_seeds', 'describe', 'run_study', 'study_spec', 'study_variants', 'pretrained_config',
-           'chosen_regime']
+           'config_fields', 'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'cpu_seconds',
+           'RunClock', 'record_divergence', 'train_one', 'run_arms', 'plan_seeds', 'describe', 'run_study',
+           'study_spec', 'study_variants', 'pretrained_config', 'chosen_regime']
 
 # %% ../nbs/11b_study_design.ipynb #e5164b8b
 FAST_PATH = dict(precision="auto", channels_last=True)   # bf16 where the device has the units; benchmarks/study_run.py
@@ -204,34 +204,56 @@ def _threads(jobs: int) -> int:
     return max(1, cpus // max(1, jobs))
 
 # %% ../nbs/11b_study_design.ipynb #02d5a851
+def cpu_seconds() -> float:
+    "CPU seconds (user and system) this process has spent so far; a run's cost is the difference across it."
+    return sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
+
+class RunClock:
+    "Started with a run; `record` is what the run's `run.json` says of it when it ends: its CPU and wall seconds, threads, device."
+    def __init__(self): self.cpu0, self.wall0 = cpu_seconds(), time.time()
+    def record(self, threads: int, device, **more) -> dict:
+        return dict(cpu_seconds=round(cpu_seconds() - self.cpu0, 1), wall_seconds=round(time.time() - self.wall0, 1),
+                    threads=threads, device=str(device), **more)
+
+def record_divergence(out: Path, # the run's folder
+                      why: str, # the `TrainingDiverged` message
+                      run: dict, # its `run.json` (`RunClock.record`); `diverged` is added
+                      config: dict | None = None, # its configuration, paths relative to the results store
+                      keep_log: bool = False, # keep the step log (a study's reference seed)
+                     ) -> dict:
+    """A run that diverged is a result of its setting: its checkpoints go (resumed, it would diverge again at the same
+    step), `diverged.json` (why, and the configuration where given) takes the place of `metrics.json`, and `run.json`
+    (written last, as for a finished run) says so. The `run.json`."""
+    from dml_book.files import write_json
+    for name in ("checkpoint.pt", "best.pt", ".lock", *(() if keep_log else ("log.jsonl",))): (out/name).unlink(missing_ok=True)
+    write_json(out/DIVERGED, dict(diverged=why, **({"config": config} if config is not None else {})), indent=1)
+    write_json(out/"run.json", run := {**run, "diverged": why})
+    return run
+
 def train_one(cfg, # the run: its `out` is the run's folder
               results, # the results folder that stored paths are relative to
               threads: int = 1, # torch threads of this run
               keep_log: bool = False, # keep the step log (the reference seed)
              ) -> dict:
     """Train (or resume) one run in a folder made without following a link (`make_folder`), keep only its small files, write
-    `run.json`; its `run.json`. A run that diverges (`TrainingDiverged`) is a result: `diverged.json` (why, and the
-    configuration) takes the place of `metrics.json`, and `run.json` says so."""
+    `run.json`; its `run.json`. A run that diverges (`TrainingDiverged`) is a result (`record_divergence`)."""
     import torch
     from dml_book.train import Trainer, TrainingDiverged
     from dml_book.files import make_folder, write_json, refuse_links
-    fix = "remove the link, or run the study into another results store"
-    c0, t0, out = None, time.time(), make_folder(cfg.out, results, fix)
+    out = make_folder(cfg.out, results, "remove the link, or run the study into another results store")
     refuse_links(out, ("run.json",))   # before any work: run.json is written last
     torch.set_num_threads(threads)
-    cpu = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
-    c0 = cpu()
-    trainer, diverged = Trainer(_located(cfg, results)), None
+    clock, trainer = RunClock(), Trainer(_located(cfg, results))
+    gpu = torch.cuda.get_device_name() if trainer.device.type == "cuda" else None
     try: trainer.fit()
-    except TrainingDiverged as e: diverged = str(e)   # resumed, it would diverge again at the same step
+    except TrainingDiverged as e:
+        stored = {**asdict(cfg), "out": str(out.resolve().relative_to(Path(results).resolve()))}
+        return record_divergence(out, str(e), clock.record(threads, trainer.device, gpu=gpu), stored, keep_log)
     for name in ("checkpoint.pt", "best.pt", ".lock", *(() if keep_log else ("log.jsonl",))): (out/name).unlink(missing_ok=True)
-    if diverged: write_json(out/DIVERGED, dict(diverged=diverged, config={**asdict(cfg), "out": str(out.resolve().relative_to(Path(results).resolve()))}), indent=1)
-    else: _relative_paths(out, Path(results), cfg.weights_path)
-    info = dict(cpu_seconds=round(cpu() - c0, 1), wall_seconds=round(time.time() - t0, 1), threads=threads,
-                device=str(trainer.device), gpu=torch.cuda.get_device_name() if trainer.device.type == "cuda" else None,
-                **({"diverged": diverged} if diverged else {}))
-    write_json(out/"run.json", info)
+    _relative_paths(out, Path(results), cfg.weights_path)
+    write_json(out/"run.json", info := clock.record(threads, trainer.device, gpu=gpu))
     return info
+
 
 # %% ../nbs/11b_study_design.ipynb #ae4a2efb
 def run_arms(study: Study, # the study

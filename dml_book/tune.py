@@ -6,13 +6,13 @@ Docs: https://dml-book.github.io/dml_book/tune.html.md"""
 
 # %% ../nbs/11e_tune.ipynb #679df354
 from __future__ import annotations
-import functools, json, math, os, resource, shutil, time
+import functools, json, math, os, shutil, time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace, asdict
 from pathlib import Path
 import pandas as pd
 from .study_design import (Study, study_spec, config_fields, arm_differences, check_arms, StudyError, _threads, _declared,
-                                   _relative_paths)
+                                   _relative_paths, RunClock)
 from .tune_storage import HEARTBEAT, default_storage, shown, _hidden, sqlite_file, open_storage, creation_lock
 
 # %% auto #0
@@ -264,14 +264,12 @@ def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
     make_folder(out, out.parent if results is None else results, fix)
     if not is_own(out): raise FileError(f"trial folder {out} holds files dml_book did not make; {fix}")
     torch.set_num_threads(threads)
-    cpu = lambda: sum(getattr(resource.getrusage(resource.RUSAGE_SELF), f) for f in ("ru_utime", "ru_stime"))
-    c0, t0 = cpu(), time.time()
+    clock = RunClock()
     trainer = validation_trainer()(cfg); final = trainer.fit()
     gpu = torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None
     clean_folder(out, _KEEP, fix)
     if results is not None: _relative_paths(out, Path(results), cfg.weights_path)
-    write_json(out/"run.json", dict(cpu_seconds=round(cpu() - c0, 1), wall_seconds=round(time.time() - t0, 1), threads=threads,
-                                    device=str(trainer.device), gpu=gpu))   # last: a finished trial's sign (`recover_finished`)
+    write_json(out/"run.json", clock.record(threads, trainer.device, gpu=gpu))   # last: a finished trial's sign (`recover_finished`)
     return final
 
 # %% ../nbs/11e_tune.ipynb #d7d683c7
