@@ -2,7 +2,8 @@
 published figures) and `params/` into `dml_book/_experiments/`, so that an installed wheel is enough for
 `dml-book experiment NAME` (see `dml_book.results.experiments_dir`), and the summaries of the stored runs under
 `results/` (each study's `study.json` and `study_time.json`, each run's `metrics.json` and `run.json`, and the
-`diverged.json` of a run that diverged, which a verdict names; no logs,
+`diverged.json` of a run that diverged, which a verdict names, and the `infeasible.json` of a search that kept no setting
+with its mechanism at work, which stands in a verdict's place; no logs,
 checkpoints or data records) into `dml_book/_results/`, so that `dml_book.study` and `dml_book.findings` report the
 verdicts from a plain install (see `dml_book.results.results_dir`). The copies exist only in the build: the repository
 keeps one of each file."""
@@ -13,7 +14,7 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = {"nbs/experiments": "", "params": "params"}   # source folder -> folder under dml_book/_experiments
-SUMMARIES = ("study.json", "study_time.json", "metrics.json", "run.json", "diverged.json")   # the files of results/ that ship, by name
+SUMMARIES = ("study.json", "study_time.json", "metrics.json", "run.json", "diverged.json", "infeasible.json")   # the files of results/ that ship, by name
 
 
 class BuildWithExperiments(build_py):

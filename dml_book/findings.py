@@ -12,9 +12,9 @@ from .study import study_report, paired_difference, metric_name
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'main_arm', 'paired_p', 'mechanism_label', 'finding', 'power_seeds',
-           'arm_means', 'tuning_moves', 'moves_sentence', 'holm', 'findings', 'finding_text', 'verdict_cell',
-           'findings_markdown', 'plot_findings']
+__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'MECHANISM_AT_WORK', 'main_arm', 'paired_p', 'mechanism_label', 'finding',
+           'power_seeds', 'arm_means', 'tuning_moves', 'moves_sentence', 'holm', 'findings', 'finding_text',
+           'infeasible', 'verdict_cell', 'findings_markdown', 'plot_findings']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
@@ -147,13 +147,32 @@ def finding_text(f: dict | None, # a `finding`
              if f.get("seeds_needed") and f["seeds"] < f["seeds_needed"] else "")
     return text + f" ({p}, Holm: {f['holm']}{mech}{short}{gone})"
 
+MECHANISM_AT_WORK = "tuned, mechanism at work"   # the settings whose search may find no setting at all (`infeasible`)
+
+def infeasible(method: str, # a method with a search space
+               regime: str = "from scratch", # a key of `REGIMES`
+               root=None, # the results store (default: `results_dir()`)
+              ) -> dict | None:
+    """Where the method's search with its mechanism at work kept no setting at work (`selection.write_infeasible`): a row
+    beside the findings, `method`, `regime`, `settings` and `text`, the reason and the trials behind it; None elsewhere."""
+    from dml_book.files import read_json
+    root = Path(root) if root is not None else results_dir()
+    f = root/REGIMES[regime].format(method=method)/"tuning"/f"{method}-active"/"infeasible.json"
+    if not f.is_file(): return None
+    count = (lambda v: isinstance(v, int) and v >= 0, "a count of trials")
+    r = read_json(f, {"why": (lambda v: isinstance(v, str), "the reason"), "budget": count, "counted": count, "feasible": count},
+                  f"delete it and run `dml-book tune {method} --active` again")
+    return dict(method=method, regime=regime, settings=MECHANISM_AT_WORK,
+                text=f"no setting kept the mechanism at work: {r['why']} ({r['feasible']} of the {r['counted']} trials met it at the trials' length)")
+
 def verdict_cell(method: str, # a method's name
                  root=None, # the results store
                  page: str | None = None, # the experiment page to link (None: no link)
                 ) -> str:
     """The README's verdict of `method`: each regime's `finding_text` ('from scratch: ...<br>from scratch, tuned: ...<br>pretrained: ...'),
     each with its p-value and Holm's decision over every verdict of the store (`findings`), a tuned one with how far
-    tuning moved each arm (`tuning_moves`), linked to `page`."""
+    tuning moved each arm (`tuning_moves`), linked to `page`; where a search kept no setting at work, `infeasible`'s
+    line in its place."""
     family = findings(root=root)   # the verdicts the README shows together: Holm adjusts over all of them
     found = [dict(r) for _, r in family.iterrows() if r.method == method] if len(family) else []
     moves = tuning_moves(method, root) if any(f["settings"] == "tuned" for f in found) else {}
@@ -162,7 +181,9 @@ def verdict_cell(method: str, # a method's name
         m = moves.get(f["regime"]) if f["settings"] == "tuned" else None
         if m is None: return text   # no papers'-settings study in this regime: nothing moved from
         return text + f" (tuning moved the baseline {m[0]:+.1f}, {method.upper()} {m[1]:+.1f})"
-    said = [line(f) for f in found]
+    none = [dict(f, text=f"{f['regime']}, {f['settings']}: {f['text']}") for r in REGIMES if (f := infeasible(method, r, root))]
+    order = lambda f: (list(REGIMES).index(f["regime"]), list(SETTINGS).index(f["settings"]))   # a regime's lines together, the papers' first
+    said = [f["text"] if "text" in f else line(f) for f in sorted(found + none, key=order)]
     text = "<br>".join(said) or "no study stored"
     return f"{text} ([study]({page}))" if page and said else text
 

@@ -51,25 +51,26 @@ def test_wheel_ships_the_studies_summaries_and_no_logs(installed):
     wheel, _ = installed
     names = set(zipfile.ZipFile(wheel).namelist())
     shipped = {n[len("dml_book/_results/"):] for n in names if n.startswith("dml_book/_results/")}
-    for f in [*(ROOT/"results").rglob("study.json"), *(ROOT/"results").rglob("metrics.json")]:
+    for f in [*(ROOT/"results").rglob("study.json"), *(ROOT/"results").rglob("metrics.json"), *(ROOT/"results").rglob("infeasible.json")]:
         assert str(f.relative_to(ROOT/"results")) in shipped, f
-    assert {Path(n).name for n in shipped} <= {"study.json", "study_time.json", "metrics.json", "run.json", "diverged.json"}
+    assert {Path(n).name for n in shipped} <= {"study.json", "study_time.json", "metrics.json", "run.json", "diverged.json", "infeasible.json"}
     assert wheel.stat().st_size < 8 << 20, wheel.stat().st_size   # the summaries are small; checkpoints and logs would not be
 
 
 def test_installed_wheel_reports_the_five_verdicts_outside_a_clone(installed, tmp_path):
     "From an empty folder, with only the installed copy importable, `dml_book.findings` reports what the clone's results/ give."
     _, site = installed
-    from dml_book.findings import findings
+    from dml_book.findings import findings, verdict_cell
     env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     code = ("import json, dml_book.findings as f, dml_book.results as r, dml_book.study as s\n"
             "print(json.dumps(dict(where=str(r.results_dir()), found=f.findings().to_dict('records'),"
-            " hdml=s.study_report('hdml')['verdicts'])))")
+            " hdml=s.study_report('hdml')['verdicts'], cells=[f.verdict_cell(m) for m in ('ala', 'hdml', 'dcml', 'pads', 'dmml')])))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout)
     assert got["where"] == str(site/"dml_book"/"_results")
     assert got["found"] == findings(root=ROOT/"results").to_dict("records")
+    assert got["cells"] == [verdict_cell(m, ROOT/"results") for m in ("ala", "hdml", "dcml", "pads", "dmml")]   # the README's, searches that kept no setting at work included
     assert {f["method"] for f in got["found"] if f["regime"] == "from scratch"} == {"ala", "hdml", "dcml", "pads", "dmml"}
     assert len(got["hdml"]) >= 4 and all(v.startswith("On glyphs-XL") for v in got["hdml"])
 
