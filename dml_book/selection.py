@@ -425,11 +425,13 @@ def decide_swaps(tuning, # an `active_tuning` whose study at the picks is decide
 # %% ../nbs/11g_selection.ipynb #bf2e64e7
 def swap_table(name: str, # a study with a search space
                root=None, # the results store (default: `results_dir()`)
+               regime: str = "from scratch", # or "pretrained" (`findings.REGIMES`)
               ) -> pd.DataFrame | None:
-    "The method at its pick and both swaps (`<name>/tuned-active-swap`), each against the baseline at its pick: seed-paired difference, 95% interval (points), seeds; None where no swap is stored."
+    "The method at its pick and both swaps (`<study>/tuned-active-swap`), each against the baseline at its pick: seed-paired difference, 95% interval (points), seeds; None where no swap is stored."
     from dml_book.results import results_dir
     from dml_book.study import study_frame, paired_difference
-    folder = (results_dir() if root is None else Path(root))/name/"tuned-active-swap"
+    from dml_book.findings import REGIMES
+    folder = (results_dir() if root is None else Path(root))/REGIMES[regime].format(method=name)/"tuned-active-swap"
     if not (folder/"study.json").is_file(): return None
     design, m = json.loads((folder/"study.json").read_text()), name.upper()
     try: frame = study_frame(folder, **design.get("primary", {}))
@@ -513,14 +515,16 @@ def active_progress(tuning, # an `active_tuning`
 # %% ../nbs/11g_selection.ipynb #c78502a7
 def show_active(name: str, # a study with a search space
                 root=None, # the results store (default: `results_dir()`)
+                regime: str = "from scratch", # or "pretrained": both arms searched afresh (`pretrained/<name>`)
                ):
     "Print the study's tuning with the mechanism at work: the method's search, each arm's selection, the verdict, the cost."
     from dml_book.results import results_dir
     from dml_book.findings import finding, finding_text
-    root = results_dir() if root is None else Path(root); t = active_tuning(name); arm = t.study.main[0]
+    root = results_dir() if root is None else Path(root); t = active_tuning(name, regime); arm = t.study.main[0]
     from dml_book.tune import tuning_spec
     dropped = [k.field for k in tuning_spec(name).spaces[name] if k.field not in {j.field for j in t.spaces[arm]}]
-    print(f"{name.upper()} searched under its activity criterion: {', '.join(k.field for k in t.spaces[arm])}"
+    print(f"{name.upper()} searched under its activity criterion{' (pretrained regime: both arms searched afresh)' * (regime == 'pretrained')}: "
+          f"{', '.join(k.field for k in t.spaces[arm])}"
           + (f"; left out, as they change the data it sees and the baseline does not search them: {', '.join(dropped)}" if dropped else ""))
     with pd.option_context("display.width", 200): print(active_progress(t, root).to_string())
     for a in t.spaces:
@@ -533,11 +537,11 @@ def show_active(name: str, # a study with a search space
         if f.is_file(): print(f"\n{a}: candidates at the full schedule (validation R@1, points)\n" + pd.read_csv(f).drop(columns="params").to_string(index=False))
     if (f := selection_folder(root, t, arm).with_name("infeasible.json")).is_file():
         print(f"\nNo setting kept {name.upper()}'s mechanism at work: {json.loads(f.read_text())['why']}.")
-    v = finding(name, root=root, settings="tuned, mechanism at work")
-    print(f"\nVerdict at the picks: {finding_text(v)}" if v else "\nVerdict at the picks: not decided yet (the study `<study>/tuned-active` is not stored).")
-    if (sw := swap_table(name, root)) is not None:
+    v = finding(name, regime, root=root, settings="tuned, mechanism at work")
+    print(f"\nVerdict at the picks: {finding_text(v)}" if v else f"\nVerdict at the picks: not decided yet (the study `{t.study.name}/tuned-active` is not stored).")
+    if (sw := swap_table(name, root, regime)) is not None:
         print("Swaps of the knobs both arms search, each against the baseline at its pick (test R@1, points):\n" + sw.round(2).to_string(index=False))
-    if (c := root/name/"tuned-active"/"cost.json").is_file(): print(cost_text(json.loads(c.read_text())))
+    if (c := root/t.study.name/"tuned-active"/"cost.json").is_file(): print(cost_text(json.loads(c.read_text())))
 
 def cost_text(cost: dict, # a study's `cost.json` (`study_cost`)
              ) -> str:
