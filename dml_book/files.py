@@ -203,7 +203,9 @@ def make_folder(folder, # the folder to make (or enter), below `root`
                 root=None, # the folder the user named: links are followed up to it, never below (None: `folder`'s parent)
                 fix: str = "choose another output folder", # the end of the message of a refusal
                ) -> Path:
-    "Make `folder` and every folder between `root` and it, following no link below `root`, and mark each one it creates (`MARK`)."
+    """Make `folder` and every folder between `root` and it, following no link below `root`, and mark each one it creates
+    (`MARK`), and `folder` itself where it exists empty: an empty folder is dml_book's to fill (`is_own`), and stays so
+    once its files are written."""
     folder = Path(folder); root = folder.parent if root is None else Path(root)
     try: parts = folder.relative_to(root).parts
     except ValueError: raise FileError(f"{folder} is not inside {root}; {fix}") from None
@@ -214,7 +216,7 @@ def make_folder(folder, # the folder to make (or enter), below `root`
         try: os.mkdir(p)
         except FileExistsError:
             if p.is_symlink() or not p.is_dir(): raise FileError(f"{p} is not a folder (a file or a link); {fix}") from None
-            continue
+            if p != folder or os.listdir(p): continue
         except OSError as e: raise _os_error(p, e, "create", fix) from None
         os.close(os.open(p/MARK, os.O_WRONLY | os.O_CREAT | _NOFOLLOW, 0o644))
     return folder

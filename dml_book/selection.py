@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 import pandas as pd
 from .study import DIVERGED
-from .study_design import StudyError, _threads, _relative_paths, RunClock, record_divergence
+from .study_design import StudyError, _threads, _relative_paths
 from .tune import ACTIVE
 
 # %% auto #0
@@ -66,14 +66,11 @@ def selection_plan(tuning, # the `Tuning`
 
 # %% ../nbs/11g_selection.ipynb #62f4254d
 def _run_or_diverge(cfg, threads: int, results: Path) -> dict | None:
-    "`run_trial`; a run that diverges is recorded as a study's is (`record_divergence`: its time counts), and gives None."
+    "`run_trial`; a run that diverges gives None (`run_trial` recorded it as a study's run: `diverged.json`, and its time in `run.json`)."
     from dml_book.tune import run_trial
     from dml_book.train import TrainingDiverged
-    clock = RunClock()
     try: return run_trial(cfg, threads, results)
-    except TrainingDiverged as e:
-        record_divergence(Path(cfg.out), str(e), clock.record(threads, cfg.device if cfg.device != "auto" else this_device()))
-        return None
+    except TrainingDiverged: return None
 
 def _finished(cfg) -> bool: return any((Path(cfg.out)/f).is_file() for f in ("metrics.json", DIVERGED))
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace, asdict
 from pathlib import Path
 import pandas as pd
 from .study_design import (Study, study_spec, config_fields, arm_differences, check_arms, StudyError, _threads, _declared,
-                                   _relative_paths, RunClock)
+                                   _relative_paths, RunClock, record_divergence)
 from .tune_storage import HEARTBEAT, default_storage, shown, _hidden, sqlite_file, open_storage, creation_lock
 
 # %% auto #0
@@ -257,16 +257,21 @@ def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
               threads: int = 1, # torch threads
               results=None, # the results store: the stored configuration names paths relative to it (None: as given)
              ) -> dict:
-    "Train (or resume) one trial on validation classes only, in a folder of its own (`make_folder`); its final validation metrics. Keeps only `_KEEP`."
+    """Train (or resume) one trial on validation classes only, in a folder of its own (`make_folder`); its final validation
+    metrics. Keeps only `_KEEP`. A trial that diverges is recorded as a study's run is (`record_divergence`: `diverged.json`,
+    and a `run.json` whose time counts in the study's cost), and `TrainingDiverged` is raised again for its caller to count."""
     import torch
     from dml_book.files import FileError, make_folder, is_own, clean_folder, write_json
+    from dml_book.train import TrainingDiverged
     out = Path(cfg.out); fix = "remove it, or tune into another results store"
     make_folder(out, out.parent if results is None else results, fix)
     if not is_own(out): raise FileError(f"trial folder {out} holds files dml_book did not make; {fix}")
     torch.set_num_threads(threads)
-    clock = RunClock()
-    trainer = validation_trainer()(cfg); final = trainer.fit()
+    clock, trainer = RunClock(), validation_trainer()(cfg)
     gpu = torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None
+    try: final = trainer.fit()
+    except TrainingDiverged as e:
+        clean_folder(out, _KEEP, fix); record_divergence(out, str(e), clock.record(threads, trainer.device, gpu=gpu)); raise
     clean_folder(out, _KEEP, fix)
     if results is not None: _relative_paths(out, Path(results), cfg.weights_path)
     write_json(out/"run.json", clock.record(threads, trainer.device, gpu=gpu))   # last: a finished trial's sign (`recover_finished`)
@@ -322,7 +327,8 @@ def _objective(tuning: Tuning, arm: str, root: Path, threads: int):
         cfg = tuning.trial(arm, values, trial_folder(root, arm, trial))
         try: final = run_trial(cfg, threads, root.parent.parent)
         except TrainingDiverged as e:   # as good as chance, and infeasible: TPE learns to avoid it
-            trial.set_user_attr("diverged", str(e))
+            run = json.loads((Path(cfg.out)/"run.json").read_text())   # just written by `run_trial`: its time counts
+            trial.set_user_attr("diverged", str(e)); trial.set_user_attr("cpu_seconds", run["cpu_seconds"]); trial.set_user_attr("wall_seconds", run["wall_seconds"])
             if constrained: record_constraint(trial, None)
             return 0.0
         run = json.loads((Path(cfg.out)/"run.json").read_text())   # just written by `run_trial`
