@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace, asdict
 from pathlib import Path
 import pandas as pd
 from .study_design import (Study, study_spec, config_fields, arm_differences, check_arms, StudyError, _threads, _declared,
-                                   _relative_paths, RunClock, record_divergence)
+                                   _relative_paths, _located, RunClock, record_divergence)
 from .tune_storage import HEARTBEAT, default_storage, shown, _hidden, sqlite_file, open_storage, creation_lock
 
 # %% auto #0
@@ -267,7 +267,7 @@ def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
     make_folder(out, out.parent if results is None else results, fix)
     if not is_own(out): raise FileError(f"trial folder {out} holds files dml_book did not make; {fix}")
     torch.set_num_threads(threads)
-    clock, trainer = RunClock(), validation_trainer()(cfg)
+    clock, trainer = RunClock(), validation_trainer()(cfg if results is None else _located(cfg, results))   # a clone's weights, from any folder
     gpu = torch.cuda.get_device_name(trainer.device) if trainer.device.type == "cuda" else None
     try: final = trainer.fit()
     except TrainingDiverged as e:
