@@ -325,7 +325,7 @@ def _objective(tuning: Tuning, arm: str, root: Path, threads: int):
         if _rank(trial) >= tuning.trials: raise optuna.TrialPruned("over budget: another process took the last trial")
         values = {k.field: k.suggest(trial) for k in tuning.spaces[arm]}
         cfg = tuning.trial(arm, values, trial_folder(root, arm, trial))
-        try: final = run_trial(cfg, threads, root.parent.parent)
+        try: final = run_trial(cfg, threads, root.parents[len(Path(tuning.study.name).parts)])   # the store: above `<study>/tuning`, a nested study's name too
         except TrainingDiverged as e:   # as good as chance, and infeasible: TPE learns to avoid it
             run = json.loads((Path(cfg.out)/"run.json").read_text())   # just written by `run_trial`: its time counts
             trial.set_user_attr("diverged", str(e)); trial.set_user_attr("cpu_seconds", run["cpu_seconds"]); trial.set_user_attr("wall_seconds", run["wall_seconds"])

@@ -32,18 +32,19 @@ def test_trial_never_builds_or_scores_the_test_split(tmp_path, monkeypatch, one_
     assert scored and all(k.startswith("val_") for k in scored), scored   # no test metric in any epoch
     assert m["run"]["test"] is None and sorted(p.name for p in (tmp_path/"trial").iterdir()) == [".dml_book", "metrics.json", "run.json"]
 
-def test_a_trials_relative_weights_path_is_the_clones_whatever_the_current_folder(tmp_path, monkeypatch, one_thread):
-    "A trial fine-tuning a clone's backbone (a relative weights_path, as the pretrained regime's) finds it beside the results store from any folder, and stores it as given."
+@pytest.mark.parametrize("name", ["tiny", "pretrained/tiny"])   # a nested study's name, as the pretrained regime's
+def test_a_trials_relative_weights_path_is_the_clones_whatever_the_current_folder(name, tmp_path, monkeypatch, one_thread):
+    "A trial fine-tuning a clone's backbone (a relative weights_path, as the pretrained regime's) finds it beside the results store from any folder, and stores it and its folder relative to the store."
     import torch
     from dml_book.models import SmallCNN
     (tmp_path/"bb").mkdir(); torch.save(SmallCNN(1).state_dict(), tmp_path/"bb"/"smallcnn.pth")
     t = tiny_tuning(trials=1, epochs=1)
-    t = replace(t, study=replace(t.study, arms={a: replace(c, weights_path="bb/smallcnn.pth") for a, c in t.study.arms.items()}))
+    t = replace(t, study=replace(t.study, name=name, arms={a: replace(c, weights_path="bb/smallcnn.pth") for a, c in t.study.arms.items()}))
     monkeypatch.chdir(tmp_path/"bb")   # the relative path does not exist from here
     trials = T.tune(t, tmp_path/"results", arms=("baseline",), log=lambda line: None)
     assert trials.state.tolist() == ["COMPLETE"] and trials.val_R1.iloc[0] > 0
-    stored = json.loads((tmp_path/"results"/"tiny"/"tuning"/"baseline"/"trial0"/"metrics.json").read_text())["config"]
-    assert stored["weights_path"] == "bb/smallcnn.pth"
+    stored = json.loads((tmp_path/"results"/name/"tuning"/"baseline"/"trial0"/"metrics.json").read_text())["config"]
+    assert (stored["weights_path"], stored["out"]) == ("bb/smallcnn.pth", f"{name}/tuning/baseline/trial0")
 
 
 @pytest.mark.parametrize("name", sorted(T.SEARCH_SPACES))
