@@ -238,7 +238,9 @@ def _tune_active(args, # the parsed command-line arguments (`--active`)
         sel = write_selection(t, a, args.results); r = regret(sel)
         print(f"{t.study.name}/{a}: " + (f"picked trial {int(sel[sel.picked].candidate.iloc[0])} at the full schedule (regret of the short trials' pick "
                                          f"{r:.2f} points)" if r is not None else "no candidate kept the mechanism at work"))
-    if (why := write_infeasible(t, args.results)) is not None: print(f"{t.study.name}: {why['why']}; nothing to decide (infeasible.json)"); return 0
+    if (why := write_infeasible(t, args.results)) is not None:   # the finding: what the search cost is part of it
+        print(f"{t.study.name}: {why['why']}; nothing to decide (infeasible.json)")
+        print("cost, process minutes by phase and device:", study_cost(t, args.results)); return 0
     if args.decide:
         print(run_study(active_study(t, args.results), args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
         v = finding(args.study, "pretrained" if args.pretrained else "from scratch", args.results, settings="tuned, mechanism at work")

@@ -507,7 +507,7 @@ def active_progress(tuning, # an `active_tuning`
                          picked=None if best is None or best.empty else int(best.candidate.iloc[0]),
                          picked_val_R1=None if best is None or best.empty else round(float(best.val_R1.iloc[0]), 2),
                          regret=None if sel is None else regret(sel)))
-    return pd.DataFrame(rows).set_index("arm")
+    return pd.DataFrame(rows).astype({c: "Int64" for c in ("feasible", "candidates_finished", "picked")}).set_index("arm")   # a count, or <NA>
 
 # %% ../nbs/11g_selection.ipynb #c78502a7
 def show_active(name: str, # a study with a search space
@@ -532,13 +532,16 @@ def show_active(name: str, # a study with a search space
                   f"Spearman's rho {ag['spearman']:.2f}; the same {SELECTION_CANDIDATES} trials lead on both: {'yes' if ag['same_leaders'] else 'no'} "
                   f"(the candidates are the leaders on the selection's device)")
         if f.is_file(): print(f"\n{a}: candidates at the full schedule (validation R@1, points)\n" + pd.read_csv(f).drop(columns="params").to_string(index=False))
+    cost = root/t.study.name/"tuned-active"/"cost.json"
     if (f := selection_folder(root, t, arm).with_name("infeasible.json")).is_file():
-        print(f"\nNo setting kept {name.upper()}'s mechanism at work: {json.loads(f.read_text())['why']}.")
+        print(f"\nNo setting kept {name.upper()}'s mechanism at work: {json.loads(f.read_text())['why']}; nothing to decide.")
+        if cost.is_file(): print(cost_text(json.loads(cost.read_text())))
+        return
     v = finding(name, regime, root=root, settings="tuned, mechanism at work")
     print(f"\nVerdict at the picks: {finding_text(v)}" if v else f"\nVerdict at the picks: not decided yet (the study `{t.study.name}/tuned-active` is not stored).")
     if (sw := swap_table(name, root, regime)) is not None:
         print("Swaps of the knobs both arms search, each against the baseline at its pick (test R@1, points):\n" + sw.round(2).to_string(index=False))
-    if (c := root/t.study.name/"tuned-active"/"cost.json").is_file(): print(cost_text(json.loads(c.read_text())))
+    if cost.is_file(): print(cost_text(json.loads(cost.read_text())))
 
 def cost_text(cost: dict, # a study's `cost.json` (`study_cost`)
              ) -> str:
