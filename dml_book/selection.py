@@ -19,8 +19,8 @@ __all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'DEVICE_FOLDER', 'DATA_FIE
            'candidate_config', 'selection_plan', 'run_selection', 'selection_frame', 'pick', 'regret',
            'write_selection', 'picked_values', 'short_rung_check', 'device_kind', 'this_device', 'trial_devices',
            'rerun_plan', 'device_frame', 'device_agreement', 'run_reruns', 'arm_trials', 'data_knob', 'check_symmetric',
-           'active_tuning', 'active_study', 'active_swap_study', 'decide_swaps', 'swap_table', 'write_infeasible',
-           'study_cost', 'active_progress', 'show_active', 'cost_text']
+           'active_tuning', 'active_study', 'active_swap_study', 'decide_swaps', 'swap_table', 'swap_sentence',
+           'write_infeasible', 'study_cost', 'active_progress', 'show_active', 'cost_text']
 
 # %% ../nbs/11g_selection.ipynb #4294b004
 SELECTION_CANDIDATES = 3   # settings of each arm that reach the study's full schedule
@@ -440,6 +440,24 @@ def swap_table(name: str, # a study with a search space
         except ValueError: continue   # not stored yet, or one seed
         rows.append(dict(arm=label, diff=100 * p["mean"], low=100 * p["low"], high=100 * p["high"], seeds=p["n"]))
     return pd.DataFrame(rows) if rows else None
+
+def swap_sentence(name: str, # a study with a search space
+                  table: pd.DataFrame | None, # its `swap_table`
+                 ) -> str | None:
+    """The swaps in a sentence, and whose the difference is where the intervals say so: the method's when the method at
+    the baseline's knobs keeps the verdict's side of zero and the baseline at the method's knobs does not leave zero;
+    the knobs' the other way round; neither alone otherwise. None without both swaps."""
+    if table is None: return None
+    m = name.upper(); rows = table.set_index("arm")
+    pick, method, base = (rows.loc[k] if k in rows.index else None
+                          for k in (f"{m} at its pick", f"{m} at the baseline's knobs", f"the baseline at {m}'s knobs"))
+    if method is None or base is None: return None
+    fmt = lambda r: f"{r['diff']:+.1f} ({r.low:+.1f} to {r.high:+.1f}, {int(r.seeds)} seeds)"
+    side = lambda r: 0 if r is None else 1 if r.low > 0 else -1 if r.high < 0 else 0
+    text = f"Swapped at the same seeds, {m} at the baseline's knobs is {fmt(method)} and the baseline at {m}'s knobs {fmt(base)}"
+    if side(pick) and side(method) == side(pick) and side(base) == 0: return text + f": the difference is {m}'s, not its knobs'."
+    if side(pick) and side(base) == side(pick) and side(method) == 0: return text + f": the difference is the knobs {m}'s search found, not {m}."
+    return text + "."
 
 # %% ../nbs/11g_selection.ipynb #7b58c7c3
 def write_infeasible(tuning, # an `active_tuning`
