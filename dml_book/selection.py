@@ -476,7 +476,9 @@ def write_infeasible(tuning, # an `active_tuning`
     if sel is not None and sel.picked.any():
         f.unlink(missing_ok=True); return None
     if len(done) < tuning.trials or (sel is not None and (sel.seeds < len(SELECTION_SEEDS)).any()): return None   # not finished: nothing to conclude
-    why = ("no trial of the budget met the criterion" if not len(feasible) else "no candidate met the criterion in every seed at the full schedule")
+    gone = 0 if sel is None else int((sel.diverged > 0).sum())   # candidates with a seed that diverged: no mechanism at work there either
+    why = ("no trial of the budget met the criterion" if not len(feasible) else "every candidate diverged in a seed at the full schedule"
+           if gone == len(sel) else "no candidate met the criterion in every seed at the full schedule" + (f" ({gone} of {len(sel)} diverged in a seed)" if gone else ""))
     record = dict(arm=arm, why=why, budget=tuning.trials, counted=len(done), feasible=len(feasible),
                   trials=done[["number", "val_R1", "params"] + [c for c in ("criterion_value", "constraint") if c in done]].to_dict("records"),
                   candidates=None if sel is None else sel.drop(columns="params").to_dict("records"))

@@ -134,7 +134,14 @@ def test_infeasible_is_concluded_only_from_a_finished_budget_and_selection_and_g
     for k, s in [(1, 1), (0, 0), (0, 1)]: seed(k, s, False)
     rec = write_infeasible(t, tmp_path)
     assert rec["why"] == "no candidate met the criterion in every seed at the full schedule" and rec["feasible"] == 2 and f.exists()
+    def diverge(k, s):
+        out = selection_folder(tmp_path, t, "dmml")/f"trial{k}"/f"seed{s}"; (out/"metrics.json").unlink(); (out/"diverged.json").write_text(json.dumps({"diverged": "nan"}))
+    diverge(1, 1)   # one candidate diverged in a seed, the other missed the criterion: both said
+    assert write_infeasible(t, tmp_path)["why"] == "no candidate met the criterion in every seed at the full schedule (1 of 2 diverged in a seed)"
+    diverge(0, 1)   # each diverged in a seed: that is the reason, not the criterion
+    assert write_infeasible(t, tmp_path)["why"] == "every candidate diverged in a seed at the full schedule"
     seed(0, 0, True); seed(0, 1, True)   # candidate 0 held after all: picked, the stale conclusion goes
+    (selection_folder(tmp_path, t, "dmml")/"trial0"/"seed1"/"diverged.json").unlink()
     assert write_infeasible(t, tmp_path) is None and not f.exists()
 
 def test_a_candidate_that_is_its_trial_is_copied_not_trained(tmp_path, one_thread):
