@@ -209,7 +209,7 @@ def update(self: PolicyLearner,
            state_next: Tensor, # the state s_{t+1}
            metric: float|None = None, # the reward metric e_{t+1} after the action (critic "metric")
           ) -> dict[str, float]:
-    "One policy-gradient step on the transition $(s_t, a_t, r, s_{t+1})$; the loss, the advantage, $V(s_t)$, the critic's loss."
+    "One policy-gradient step on the transition $(s_t, a_t, r, s_{t+1})$; the loss, the advantage, $V(s_t)$, the critic's loss, whether it was skipped."
     logits, value = self.policy(state)
     lp = log_prob(logits, actions)
     adv, value_loss = self.advantage(r, value, state_next, metric)
@@ -218,10 +218,13 @@ def update(self: PolicyLearner,
         objective = ppo_objective(lp, lp_old, adv, self.clip)
     else: objective = reinforce_objective(lp, adv)
     loss = -objective + value_loss
-    self.optimizer.zero_grad(); loss.backward(); self.optimizer.step()
+    self.optimizer.zero_grad(); loss.backward()
+    finite = all(bool(torch.isfinite(p.grad).all()) for p in self.policy.parameters() if p.grad is not None)
+    if finite: self.optimizer.step()   # a gradient float32 could not hold: skipped, as torch.amp.GradScaler skips one
     self.n_updates += 1
     if self.algorithm == "ppo" and self.n_updates % self.old_policy_every == 0: self.old_policy.load_state_dict(self.policy.state_dict())
-    return {"policy_loss": loss.item(), "advantage": float(adv), "value": self.value_of(value).item(), "critic_loss": value_loss.item()}
+    return {"policy_loss": loss.item(), "advantage": float(adv), "value": self.value_of(value).item(), "critic_loss": value_loss.item(),
+            "skipped": float(not finite)}
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #43d5c4ae
 @patch
