@@ -228,7 +228,7 @@ def _tune_active(args, # the parsed command-line arguments (`--active`)
     "`dml-book tune --active`: trials under the method's criterion, each arm's candidates on the full schedule, and (`--decide`) the study at the picks."
     from dml_book.tune import TRIALS, TRIAL_EPOCHS, tune
     from dml_book.selection import active_tuning, run_selection, write_selection, write_infeasible, active_study, study_cost, regret, decide_swaps
-    from dml_book.findings import finding
+    from dml_book.findings import finding, MECHANISM_AT_WORK
     from dml_book.study_design import run_study
     t = active_tuning(args.study, "pretrained" if args.pretrained else "from scratch", trials=args.trials or TRIALS, epochs=args.epochs or TRIAL_EPOCHS)
     arms = arms or tuple(t.spaces)
@@ -243,7 +243,7 @@ def _tune_active(args, # the parsed command-line arguments (`--active`)
         print("cost, process minutes by phase and device:", study_cost(t, args.results)); return 0
     if args.decide:
         print(run_study(active_study(t, args.results), args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
-        v = finding(args.study, "pretrained" if args.pretrained else "from scratch", args.results, settings="tuned, mechanism at work")
+        v = finding(args.study, "pretrained" if args.pretrained else "from scratch", args.results, settings=MECHANISM_AT_WORK)
         if v is not None and v["decided"] != "undecided":   # a decided verdict is attributed both ways
             print(f"{t.study.name}: {v['decided']}; the swaps of the shared knobs, at the same seeds:")
             print(decide_swaps(t, args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())

@@ -12,15 +12,16 @@ from .study import study_report, paired_difference, metric_name
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS_OWN', 'SETTINGS', 'MECHANISM_AT_WORK', 'main_arm', 'paired_p', 'mechanism_label', 'finding',
-           'power_seeds', 'arm_means', 'tuning_moves', 'moves_sentence', 'holm', 'findings', 'finding_text',
+__all__ = ['REGIMES', 'SETTINGS_OWN', 'MECHANISM_AT_WORK', 'SETTINGS', 'INFEASIBLE', 'main_arm', 'paired_p', 'mechanism_label',
+           'finding', 'power_seeds', 'arm_means', 'tuning_moves', 'moves_sentence', 'holm', 'findings', 'finding_text',
            'infeasible', 'verdict_cell', 'findings_markdown', 'plot_findings']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
 SETTINGS_OWN = "papers'"   # the study's own settings: a verdict line names no settings
+MECHANISM_AT_WORK = "tuned, mechanism at work"   # the settings whose search may find no setting at all (`infeasible`)
 SETTINGS = {"papers'": "{study}", "tuned": "{study}/tuned",   # whose settings the arms train with -> the study's folder
-            "tuned, mechanism at work": "{study}/tuned-active"}   # tuned with the method's activity criterion held, picked on the full schedule
+            MECHANISM_AT_WORK: "{study}/tuned-active"}   # tuned with the method's activity criterion held, picked on the full schedule
 
 def main_arm(rep: dict, # a `study_report`
              method: str, # the study's method (its main arm when the design names none)
@@ -147,7 +148,7 @@ def finding_text(f: dict | None, # a `finding`
              if f.get("seeds_needed") and f["seeds"] < f["seeds_needed"] else "")
     return text + f" ({p}, Holm: {f['holm']}{mech}{short}{gone})"
 
-MECHANISM_AT_WORK = "tuned, mechanism at work"   # the settings whose search may find no setting at all (`infeasible`)
+INFEASIBLE = "infeasible.json"   # beside an arm's trials: its search kept no setting at work (`selection.write_infeasible`)
 
 def infeasible(method: str, # a method with a search space
                regime: str = "from scratch", # a key of `REGIMES`
@@ -156,8 +157,9 @@ def infeasible(method: str, # a method with a search space
     """Where the method's search with its mechanism at work kept no setting at work (`selection.write_infeasible`): a row
     beside the findings, `method`, `regime`, `settings` and `text`, the reason and the trials behind it; None elsewhere."""
     from dml_book.files import read_json
+    from dml_book.tune import ACTIVE   # torch-free, as this module
     root = Path(root) if root is not None else results_dir()
-    f = root/REGIMES[regime].format(method=method)/"tuning"/f"{method}-active"/"infeasible.json"
+    f = root/REGIMES[regime].format(method=method)/"tuning"/f"{method}{ACTIVE}"/INFEASIBLE
     if not f.is_file(): return None
     count = (lambda v: isinstance(v, int) and v >= 0, "a count of trials")
     r = read_json(f, {"why": (lambda v: isinstance(v, str), "the reason"), "budget": count, "counted": count, "feasible": count},

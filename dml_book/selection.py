@@ -13,6 +13,7 @@ import pandas as pd
 from .study import DIVERGED
 from .study_design import StudyError, _threads, _relative_paths
 from .tune import ACTIVE
+from .findings import INFEASIBLE
 
 # %% auto #0
 __all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'DEVICE_FOLDER', 'DATA_FIELDS', 'candidates', 'selection_folder',
@@ -472,7 +473,7 @@ def write_infeasible(tuning, # an `active_tuning`
     arm = tuning.study.main[0]; trials = read_trials(results, tuning.study.name); trials = trials[trials.arm == arm]
     done = trials[trials.counted]; feasible = done[done.feasible.fillna(False).astype(bool)] if "feasible" in done else done.iloc[:0]
     sel = selection_frame(tuning, arm, results, trials) if len(feasible) else None
-    f = selection_folder(results, tuning, arm).with_name("infeasible.json")
+    f = selection_folder(results, tuning, arm).with_name(INFEASIBLE)
     if sel is not None and sel.picked.any():
         f.unlink(missing_ok=True); return None
     if len(done) < tuning.trials or (sel is not None and (sel.seeds < len(SELECTION_SEEDS)).any()): return None   # not finished: nothing to conclude
@@ -536,7 +537,7 @@ def show_active(name: str, # a study with a search space
                ):
     "Print the study's tuning with the mechanism at work: the method's search, each arm's selection, the verdict, the cost."
     from dml_book.results import results_dir
-    from dml_book.findings import finding, finding_text
+    from dml_book.findings import finding, finding_text, MECHANISM_AT_WORK
     root = results_dir() if root is None else Path(root); t = active_tuning(name, regime); arm = t.study.main[0]
     from dml_book.tune import tuning_spec
     dropped = [k.field for k in tuning_spec(name).spaces[name] if k.field not in {j.field for j in t.spaces[arm]}]
@@ -553,11 +554,11 @@ def show_active(name: str, # a study with a search space
                   f"(the candidates are the leaders on the selection's device)")
         if f.is_file(): print(f"\n{a}: candidates at the full schedule (validation R@1, points)\n" + pd.read_csv(f).drop(columns="params").to_string(index=False))
     cost = root/t.study.name/"tuned-active"/"cost.json"
-    if (f := selection_folder(root, t, arm).with_name("infeasible.json")).is_file():
+    if (f := selection_folder(root, t, arm).with_name(INFEASIBLE)).is_file():
         print(f"\nNo setting kept {name.upper()}'s mechanism at work: {json.loads(f.read_text())['why']}; nothing to decide.")
         if cost.is_file(): print(cost_text(json.loads(cost.read_text())))
         return
-    v = finding(name, regime, root=root, settings="tuned, mechanism at work")
+    v = finding(name, regime, root=root, settings=MECHANISM_AT_WORK)
     print(f"\nVerdict at the picks: {finding_text(v)}" if v else f"\nVerdict at the picks: not decided yet (the study `{t.study.name}/tuned-active` is not stored).")
     if (sw := swap_table(name, root, regime)) is not None:
         print("Swaps of the knobs both arms search, each against the baseline at its pick (test R@1, points):\n" + sw.round(2).to_string(index=False))

@@ -18,8 +18,8 @@ from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, VALID
 __all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'PRETRAINED_BACKBONE', 'PRETRAINED_SETTINGS', 'REGIMES',
            'PRETRAINED_REGIME', 'study_config', 'plot_calibration', 'precision_check', 'device_check', 'StudyError',
            'config_fields', 'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'cpu_seconds',
-           'RunClock', 'record_divergence', 'train_one', 'run_arms', 'plan_seeds', 'describe', 'run_study',
-           'study_spec', 'study_variants', 'pretrained_config', 'chosen_regime']
+           'RunClock', 'drop_scratch', 'record_divergence', 'train_one', 'run_arms', 'plan_seeds', 'describe',
+           'run_study', 'study_spec', 'study_variants', 'pretrained_config', 'chosen_regime']
 
 # %% ../nbs/11b_study_design.ipynb #e5164b8b
 FAST_PATH = dict(precision="auto", channels_last=True)   # bf16 where the device has the units; benchmarks/study_run.py
@@ -215,6 +215,12 @@ class RunClock:
         return dict(cpu_seconds=round(cpu_seconds() - self.cpu0, 1), wall_seconds=round(time.time() - self.wall0, 1),
                     threads=threads, device=str(device), **more)
 
+def drop_scratch(out: Path, # the run's folder
+                 keep_log: bool = False, # keep the step log (a study's reference seed)
+                ):
+    "Remove what an ended run (finished or diverged) does not store: its checkpoints, its lock and, unless kept, its step log."
+    for name in ("checkpoint.pt", "best.pt", ".lock", *(() if keep_log else ("log.jsonl",))): (out/name).unlink(missing_ok=True)
+
 def record_divergence(out: Path, # the run's folder
                       why: str, # the `TrainingDiverged` message
                       run: dict, # its `run.json` (`RunClock.record`); `diverged` is added
@@ -225,7 +231,7 @@ def record_divergence(out: Path, # the run's folder
     step), `diverged.json` (why, and the configuration where given) takes the place of `metrics.json`, and `run.json`
     (written last, as for a finished run) says so. The `run.json`."""
     from dml_book.files import write_json
-    for name in ("checkpoint.pt", "best.pt", ".lock", *(() if keep_log else ("log.jsonl",))): (out/name).unlink(missing_ok=True)
+    drop_scratch(out, keep_log)
     write_json(out/DIVERGED, dict(diverged=why, **({"config": config} if config is not None else {})), indent=1)
     write_json(out/"run.json", run := {**run, "diverged": why})
     return run
@@ -249,7 +255,7 @@ def train_one(cfg, # the run: its `out` is the run's folder
     except TrainingDiverged as e:
         stored = {**asdict(cfg), "out": str(out.resolve().relative_to(Path(results).resolve()))}
         return record_divergence(out, str(e), clock.record(threads, trainer.device, gpu=gpu), stored, keep_log)
-    for name in ("checkpoint.pt", "best.pt", ".lock", *(() if keep_log else ("log.jsonl",))): (out/name).unlink(missing_ok=True)
+    drop_scratch(out, keep_log)
     _relative_paths(out, Path(results), cfg.weights_path)
     write_json(out/"run.json", info := clock.record(threads, trainer.device, gpu=gpu))
     return info

@@ -326,15 +326,11 @@ def _objective(tuning: Tuning, arm: str, root: Path, threads: int):
         values = {k.field: k.suggest(trial) for k in tuning.spaces[arm]}
         cfg = tuning.trial(arm, values, trial_folder(root, arm, trial))
         try: final = run_trial(cfg, threads, root.parents[len(Path(tuning.study.name).parts)])   # the store: above `<study>/tuning`, a nested study's name too
-        except TrainingDiverged as e:   # as good as chance, and infeasible: TPE learns to avoid it
-            run = json.loads((Path(cfg.out)/"run.json").read_text())   # just written by `run_trial`: its time counts
-            trial.set_user_attr("diverged", str(e)); trial.set_user_attr("cpu_seconds", run["cpu_seconds"]); trial.set_user_attr("wall_seconds", run["wall_seconds"])
-            if constrained: record_constraint(trial, None)
-            return 0.0
-        run = json.loads((Path(cfg.out)/"run.json").read_text())   # just written by `run_trial`
+        except TrainingDiverged as e: final = None; trial.set_user_attr("diverged", str(e))   # as good as chance, and infeasible: TPE learns to avoid it
+        run = json.loads((Path(cfg.out)/"run.json").read_text())   # just written by `run_trial`, for a diverged trial too: its time counts
         trial.set_user_attr("cpu_seconds", run["cpu_seconds"]); trial.set_user_attr("wall_seconds", run["wall_seconds"])
-        if constrained: record_constraint(trial, Path(cfg.out))
-        return final["val_R@1"]
+        if constrained: record_constraint(trial, None if final is None else Path(cfg.out))
+        return 0.0 if final is None else final["val_R@1"]
     return objective
 
 def trial_origin(t) -> int:

@@ -584,6 +584,14 @@ def test_policy_run_figure_reads_new_and_old_logs(tmp_path):
     plt.close("all")
 
 
+def test_critic_sentence_counts_the_updates_skipped_for_an_overflowing_gradient():
+    "An update skipped because its gradient overflowed float32 is counted in the critic's sentence; none skipped, or a log from before the guard, says nothing of it."
+    import pandas as pd
+    steps = pd.DataFrame(dict(value=[0.1, -0.2, 0.3], reward=[1.0, -1.0, 1.0], advantage=[0.9, -0.8, 0.7], skipped=[0.0, 1.0, 1.0]))
+    assert critic_sentence(steps).endswith("in 3 of the 3 updates. 2 of the updates were skipped: their gradient overflowed float32.")
+    assert "skipped" not in critic_sentence(steps.assign(skipped=0.0)) and "skipped" not in critic_sentence(steps.drop(columns="skipped"))
+
+
 def test_a_policy_gone_nan_stops_the_run_as_diverged(tmp_path):
     "A policy update that overshoots (NaN weights) stops the run as `TrainingDiverged` naming the policy, never torch.multinomial's error; a tuning trial counts it as diverged."
     from dml_book.train import Trainer, TrainingDiverged

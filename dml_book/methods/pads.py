@@ -521,12 +521,14 @@ def distribution_sentence(epochs, # epoch records of a PADS run (`read_log`): `p
 # %% ../../nbs/23_methods.pads.ipynb #090c24af
 def critic_sentence(steps, # step records of a PADS run (`read_log`)
                    ) -> str:
-    "The range of the critic's value against the reward's, and how often the advantage has the reward's sign, in one sentence."
+    "The range of the critic's value against the reward's, how often the advantage has the reward's sign, and any update skipped, in one sentence."
     if "value" not in steps or steps.value.isna().all(): return "This log holds no critic values."
     u = steps.dropna(subset=["value", "reward", "advantage"])
     agree = int((np.sign(u.advantage) == np.sign(u.reward)).sum())
+    skipped = int(u.skipped.sum()) if "skipped" in u else 0   # logs before the guard have no such column
     return (f"Over {len(u)} policy updates the critic's value lies between {u.value.min():.2f} and {u.value.max():.2f}, the reward "
-            f"between {u.reward.min():+.0f} and {u.reward.max():+.0f}; the advantage has the reward's sign in {agree} of the {len(u)} updates.")
+            f"between {u.reward.min():+.0f} and {u.reward.max():+.0f}; the advantage has the reward's sign in {agree} of the {len(u)} updates."
+            + (f" {skipped} of the updates were skipped: their gradient overflowed float32." if skipped else ""))
 
 # %% ../../nbs/23_methods.pads.ipynb #fbdd4090
 def action_effects(steps, # step records of a PADS run (`read_log`): `pads_probs`, `reward` and, where logged, `d_an`
