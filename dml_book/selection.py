@@ -447,7 +447,8 @@ def swap_sentence(name: str, # a study with a search space
                  ) -> str | None:
     """The swaps in a sentence, and whose the difference is where the intervals say so: the method's when the method at
     the baseline's knobs keeps the verdict's side of zero and the baseline at the method's knobs does not leave zero;
-    the knobs' the other way round; neither alone otherwise. None without both swaps."""
+    the knobs' the other way round; neither alone otherwise. "Not the other's" only where the unresolved swap is under
+    half the verdict: a larger one is a share these seeds cannot place, and is named as such. None without both swaps."""
     if table is None: return None
     m = name.upper(); rows = table.set_index("arm")
     pick, method, base = (rows.loc[k] if k in rows.index else None
@@ -456,8 +457,13 @@ def swap_sentence(name: str, # a study with a search space
     fmt = lambda r: f"{r['diff']:+.1f} ({r.low:+.1f} to {r.high:+.1f}, {int(r.seeds)} seeds)"
     side = lambda r: 0 if r is None else 1 if r.low > 0 else -1 if r.high < 0 else 0
     text = f"Swapped at the same seeds, {m} at the baseline's knobs is {fmt(method)} and the baseline at {m}'s knobs {fmt(base)}"
-    if side(pick) and side(method) == side(pick) and side(base) == 0: return text + f": the difference is {m}'s, not its knobs'."
-    if side(pick) and side(base) == side(pick) and side(method) == 0: return text + f": the difference is the knobs {m}'s search found, not {m}."
+    small = lambda r: abs(r["diff"]) < abs(pick["diff"]) / 2
+    if side(pick) and side(method) == side(pick) and side(base) == 0:
+        return text + (f": the difference is {m}'s, not its knobs'." if small(base) else
+                       f": {m} carries the part these seeds resolve; the knobs' share, {base['diff']:+.1f}, is not told from zero.")
+    if side(pick) and side(base) == side(pick) and side(method) == 0:
+        return text + (f": the difference is the knobs {m}'s search found, not {m}." if small(method) else
+                       f": the knobs {m}'s search found carry the part these seeds resolve; {m}'s own share, {method['diff']:+.1f}, is not told from zero.")
     return text + "."
 
 # %% ../nbs/11g_selection.ipynb #7b58c7c3
