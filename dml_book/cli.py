@@ -227,7 +227,8 @@ def _tune_active(args, # the parsed command-line arguments (`--active`)
                 ) -> int:
     "`dml-book tune --active`: trials under the method's criterion, each arm's candidates on the full schedule, and (`--decide`) the study at the picks."
     from dml_book.tune import TRIALS, TRIAL_EPOCHS, tune
-    from dml_book.selection import active_tuning, run_selection, write_selection, write_infeasible, active_study, study_cost, regret, decide_swaps
+    from dml_book.selection import (active_tuning, run_selection, write_selection, write_infeasible, active_study, study_cost, regret, decide_swaps,
+                                    reject_tuned_away)
     from dml_book.findings import finding, MECHANISM_AT_WORK
     from dml_book.study_design import run_study
     t = active_tuning(args.study, "pretrained" if args.pretrained else "from scratch", trials=args.trials or TRIALS, epochs=args.epochs or TRIAL_EPOCHS)
@@ -243,6 +244,13 @@ def _tune_active(args, # the parsed command-line arguments (`--active`)
         print("cost, process minutes by phase and device:", study_cost(t, args.results)); return 0
     if args.decide:
         print(run_study(active_study(t, args.results), args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
+        while reject_tuned_away(t, args.results) is not None:   # the pick's mechanism lapsed in the decision: the next candidate
+            sel = write_selection(t, t.study.main[0], args.results)
+            if (why := write_infeasible(t, args.results)) is not None:
+                print(f"{t.study.name}: {why['why']}; nothing to decide (infeasible.json)")
+                print("cost, process minutes by phase and device:", study_cost(t, args.results)); return 0
+            print(f"{t.study.name}/{t.study.main[0]}: picked trial {int(sel[sel.picked].candidate.iloc[0])} at the full schedule")
+            print(run_study(active_study(t, args.results), args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
         v = finding(args.study, "pretrained" if args.pretrained else "from scratch", args.results, settings=MECHANISM_AT_WORK)
         if v is not None and v["decided"] != "undecided":   # a decided verdict is attributed both ways
             print(f"{t.study.name}: {v['decided']}; the swaps of the shared knobs, at the same seeds:")

@@ -10,18 +10,18 @@ import json
 from dataclasses import replace
 from pathlib import Path
 import pandas as pd
-from .study import DIVERGED
+from .study import DIVERGED, ACTIVE_SHARE
 from .study_design import StudyError, _threads, _relative_paths
 from .tune import ACTIVE
 from .findings import INFEASIBLE
 
 # %% auto #0
 __all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'DEVICE_FOLDER', 'DATA_FIELDS', 'candidates', 'selection_folder',
-           'candidate_config', 'selection_plan', 'run_selection', 'selection_frame', 'pick', 'regret',
+           'decided_folder', 'candidate_config', 'selection_plan', 'run_selection', 'selection_frame', 'pick', 'regret',
            'write_selection', 'picked_values', 'short_rung_check', 'device_kind', 'this_device', 'trial_devices',
            'rerun_plan', 'device_frame', 'device_agreement', 'run_reruns', 'arm_trials', 'data_knob', 'check_symmetric',
-           'active_tuning', 'active_study', 'active_swap_study', 'decide_swaps', 'swap_table', 'swap_sentence',
-           'write_infeasible', 'study_cost', 'active_progress', 'show_active', 'cost_text']
+           'active_tuning', 'active_study', 'reject_tuned_away', 'active_swap_study', 'decide_swaps', 'swap_table',
+           'swap_sentence', 'write_infeasible', 'study_cost', 'active_progress', 'show_active', 'cost_text']
 
 # %% ../nbs/11g_selection.ipynb #4294b004
 SELECTION_CANDIDATES = 3   # settings of each arm that reach the study's full schedule
@@ -42,6 +42,13 @@ def selection_folder(results, # the results store
                     ) -> Path:
     "Where an arm's candidates train: `<study>/tuning/<arm>/selection/`."
     return Path(results)/tuning.study.name/"tuning"/arm/"selection"
+
+def decided_folder(results, # the results store
+                   tuning, # the `Tuning`
+                   arm: str, # the method's arm
+                  ) -> Path:
+    "Where the decision seeds of a pick that lost its mechanism in the decision are kept (`reject_tuned_away`): `<study>/tuning/<arm>/decided/trial<k>/`."
+    return selection_folder(results, tuning, arm).with_name("decided")
 
 def candidate_config(tuning, # the `Tuning`
                      arm: str, # the arm
@@ -155,8 +162,11 @@ def selection_frame(tuning, # the `Tuning`
                     trials: pd.DataFrame | None = None, # the arm's trials (None: read them)
                     judged: bool | None = None, # whether the arm's activity criterion decides (None: every arm but the baseline)
                     seeds=SELECTION_SEEDS, n: int = SELECTION_CANDIDATES) -> pd.DataFrame:
-    "Per candidate: its trial, short and full-schedule validation R@1 (points), seeds finished (`diverged`: how many of them diverged), the criterion, the pick."
+    """Per candidate: its trial, short and full-schedule validation R@1 (points), seeds finished (`diverged`: how many of
+    them diverged), the criterion, the pick; where a pick was set aside in the decision (`reject_tuned_away`), `decision_met`
+    (its decision seeds meeting the criterion, 'met of known') and `rejected`."""
     from dml_book.files import FileError
+    from dml_book.study import mechanism_table, active_share
     if trials is None: trials = arm_trials(tuning, arm, results)
     judged = arm != getattr(tuning.study, "baseline", "baseline") if judged is None else judged
     root, rows = selection_folder(results, tuning, arm), []
@@ -171,14 +181,20 @@ def selection_frame(tuning, # the `Tuning`
                          criterion=mech[0]["criterion"] if mech else None,
                          criterion_value=sum(m["value"] for m in mech) / len(mech) if mech else float("nan"),
                          active=all(m["active"] for m in mech) if judged and mech else None, params=t.params))
+    aside = decided_folder(results, tuning, arm)
+    if judged and aside.is_dir():   # picks whose mechanism did not stay at work in the decision: never picked again
+        met = {int(r["candidate"]): active_share(mechanism_table(aside, f"trial{r['candidate']}", logs=False)) for r in rows if (aside/f"trial{r['candidate']}").is_dir()}
+        if met: rows = [{**r, "decision_met": f"{met[r['candidate']][0]} of {met[r['candidate']][1]}" if r["candidate"] in met else None,
+                         "rejected": r["candidate"] in met} for r in rows]
     return pick(pd.DataFrame(rows), len(seeds))
 #| export
 def pick(frame: pd.DataFrame, # `selection_frame` rows without `picked`
          seeds: int, # seeds a candidate needs to be picked
         ) -> pd.DataFrame:
-    "Mark the pick once every candidate has all its seeds: the highest full-schedule validation R@1 among those whose criterion held (or that have none) and no seed diverged."
+    "Mark the pick once every candidate has all its seeds: the highest full-schedule validation R@1 among those whose criterion held (or that have none), no seed diverged and no decision set aside."
     if not len(frame) or (frame.seeds < seeds).any(): return frame.assign(picked=False)   # the selection is not finished
     ok = frame.active.map(lambda a: a is None or bool(a)) & (frame.diverged == 0 if "diverged" in frame else True)
+    if "rejected" in frame: ok &= ~frame.rejected.astype(bool)
     best = frame[ok].sort_values(["val_R1", "short_val_R1"], ascending=False).candidate.head(1).tolist()
     return frame.assign(picked=frame.candidate.isin(best))
 
@@ -386,6 +402,29 @@ def active_study(tuning, # an `active_tuning`
     return Study(f"{s.name}/tuned-active", arms, {method: (*s.declared.get(arm, ()), *knobs, "run.lr")}, main=(method,),
                  labels={s.baseline: s.label(s.baseline), method: s.label(arm)}, baseline=s.baseline, primary=s.primary)
 
+# %% ../nbs/11g_selection.ipynb #c60c9082
+def reject_tuned_away(tuning, # an `active_tuning` whose study at the picks is decided
+                      results, # the results store
+                      log=print, # where the step is said
+                     ) -> int | None:
+    """Where under `ACTIVE_SHARE` of the method's decision seeds met its criterion: move its seeds to `decided_folder`'s
+    `trial<k>/` so that `write_selection` picks the next candidate; the candidate set aside, else None."""
+    import os
+    from dml_book.files import make_folder, FileError
+    from dml_book.study import mechanism_table, mechanism_at_work, active_share
+    s = active_study(tuning, results); method, arm = s.main[0], tuning.study.main[0]
+    table = mechanism_table(Path(results)/s.name, method, logs=False)
+    if mechanism_at_work(table) is not False: return None
+    sel = pd.read_csv(selection_folder(results, tuning, arm).with_name("selection.csv"))
+    k = int(sel[sel.picked.astype(bool)].candidate.iloc[0]); dest = decided_folder(results, tuning, arm)/f"trial{k}"
+    if dest.exists(): raise FileError(f"{dest} exists: candidate {k}'s decision was set aside before; remove it or {Path(results)/s.name/method}")
+    make_folder(dest.parent, results, "remove the link, or decide into another results store")
+    os.replace(Path(results)/s.name/method, dest)   # one rename: the seeds are in one place or the other
+    (met, known) = active_share(table)
+    log(f"{s.name}/{method}: candidate {k} met its criterion in {met} of {known} decision seeds, under {ACTIVE_SHARE:.0%}; "
+        f"its seeds are set aside in {dest} and the next candidate is decided")
+    return k
+
 # %% ../nbs/11g_selection.ipynb #c71c5809
 def active_swap_study(tuning, # an `active_tuning`
                       results, # the results store
@@ -484,8 +523,12 @@ def write_infeasible(tuning, # an `active_tuning`
         f.unlink(missing_ok=True); return None
     if len(done) < tuning.trials or (sel is not None and (sel.seeds < len(SELECTION_SEEDS)).any()): return None   # not finished: nothing to conclude
     gone = 0 if sel is None else int((sel.diverged > 0).sum())   # candidates with a seed that diverged: no mechanism at work there either
-    why = ("no trial of the budget met the criterion" if not len(feasible) else "every candidate diverged in a seed at the full schedule"
-           if gone == len(sel) else "no candidate met the criterion in every seed at the full schedule" + (f" ({gone} of {len(sel)} diverged in a seed)" if gone else ""))
+    aside = 0 if sel is None or "rejected" not in sel else int(sel.rejected.astype(bool).sum())   # picks whose mechanism lapsed in the decision
+    if not len(feasible): why = "no trial of the budget met the criterion"
+    elif aside: why = (f"no candidate kept the criterion through the decision: {aside} of {len(sel)} met it in every seed at the full schedule and, "
+                       f"decided in turn, each met it in under {ACTIVE_SHARE:.0%} of its decision seeds" + (f" ({gone} of {len(sel)} diverged in a seed)" if gone else ""))
+    elif gone == len(sel): why = "every candidate diverged in a seed at the full schedule"
+    else: why = "no candidate met the criterion in every seed at the full schedule" + (f" ({gone} of {len(sel)} diverged in a seed)" if gone else "")
     record = dict(arm=arm, why=why, budget=tuning.trials, counted=len(done), feasible=len(feasible),
                   trials=done[["number", "val_R1", "params"] + [c for c in ("criterion_value", "constraint") if c in done]].to_dict("records"),
                   candidates=None if sel is None else sel.drop(columns="params").to_dict("records"))
@@ -509,7 +552,7 @@ def study_cost(tuning, # an `active_tuning`
     trials = [f for a in tuning.spaces for f in sorted((root/"tuning"/a).glob("trial*/run.json"))]
     chosen = [f for a in tuning.spaces for f in sorted(selection_folder(results, tuning, a).glob("trial*/seed*/run.json"))]
     again = [f for a in tuning.spaces for f in sorted((root/"tuning"/a/DEVICE_FOLDER).glob("trial*/run.json"))]
-    decided = sorted((root/"tuned-active").glob("*/seed*/run.json"))
+    decided = sorted((root/"tuned-active").glob("*/seed*/run.json")) + sorted(decided_folder(results, tuning, tuning.study.main[0]).glob("trial*/seed*/run.json"))   # picks set aside too
     swapped = sorted(f for f in (root/"tuned-active-swap").glob("*-shared/seed*/run.json"))   # the two swap arms (the others are the decision's, copied)
     cost = dict(tuning=_minutes(trials), device=_minutes(again), selection=_minutes(chosen), decision=_minutes(decided), swap=_minutes(swapped),
                 runs=dict(tuning=len(trials), device=len(again), selection=len(chosen), decision=len(decided), swap=len(swapped)))

@@ -167,3 +167,46 @@ def test_a_candidate_that_is_its_trial_is_copied_not_trained(tmp_path, one_threa
     assert again == json.loads((sel/f"trial{k}"/"seed0"/"metrics.json").read_text())["final"]
     assert (selection_frame(t, "baseline", str(tmp_path)).seeds == 2).all() and study_cost(t, str(tmp_path))["runs"]["selection"] == 6
     assert run_selection(t, ("baseline",), str(tmp_path), log=lines.append) == 0
+
+def test_a_pick_whose_mechanism_lapses_in_the_decision_is_set_aside_and_the_next_candidate_decided(tmp_path):
+    "Under 80% of the decision's method seeds met the criterion: those seeds move to decided/trial<k>/ (kept, costed), the next candidate is picked; with none left, infeasible.json says why."
+    from dml_book.selection import write_selection, write_infeasible, reject_tuned_away, selection_folder, decided_folder, study_cost
+    from dml_book.files import FileError
+    t = dmml_tuning(trials=3); t = replace(t, study=replace(t.study, main=("dmml",)))
+    params = {"baseline": {"lr_head": 1e-3}, "dmml": {"lr_head": 1e-3, "method_kwargs.n_support": 2}}
+    for arm in t.spaces:
+        (d := tmp_path/"tiny"/"tuning"/arm).mkdir(parents=True)
+        pd.DataFrame(dict(number=range(3), state="COMPLETE", val_R1=[0.5, 0.6, 0.4], counted=True, feasible=True,
+                          params=[json.dumps(params[arm])] * 3)).to_csv(d/"trials.csv", index=False)
+    f = selection_folder(tmp_path, t, "baseline").with_name("selection.csv")   # the baseline's pick, by hand
+    pd.DataFrame([dict(candidate=1, picked=True, params=json.dumps(params["baseline"]))]).to_csv(f, index=False)
+    mech = lambda active: dict(criterion="support images per meta-cell", value=2.0 if active else 1.0, threshold=2.0, active=active)
+    for k, r1 in [(0, 0.7), (1, 0.8), (2, 0.6)]:   # every candidate met the criterion in both selection seeds; 1 is best, then 0, then 2
+        for s in (0, 1):
+            (out := selection_folder(tmp_path, t, "dmml")/f"trial{k}"/f"seed{s}").mkdir(parents=True)
+            (out/"metrics.json").write_text(json.dumps({"final": {"val_R@1": r1}, "mechanism": mech(True)}))
+    def decide(met):   # the method arm's decision seeds, `met` of five meeting the criterion
+        for s in range(5):
+            (out := tmp_path/"tiny"/"tuned-active"/"dmml"/f"seed{s}").mkdir(parents=True)
+            (out/"metrics.json").write_text(json.dumps({"config": {"method": "dmml"}, "epochs": [], "final": {"R@1": 0.5}, "mechanism": mech(s < met)}))
+            (out/"run.json").write_text(json.dumps({"cpu_seconds": 60.0, "device": "cpu"}))
+    assert write_selection(t, "dmml", tmp_path).set_index("candidate").picked.to_dict() == {1: True, 0: False, 2: False}
+    decide(3); said = []
+    assert reject_tuned_away(t, tmp_path, log=said.append) == 1 and "candidate 1 met its criterion in 3 of 5 decision seeds, under 80%" in said[0]
+    assert not (tmp_path/"tiny"/"tuned-active"/"dmml").exists() and (decided_folder(tmp_path, t, "dmml")/"trial1"/"seed4"/"metrics.json").is_file()
+    assert reject_tuned_away(t, tmp_path, log=said.append) is None   # no decision seeds: nothing to judge
+    sel = write_selection(t, "dmml", tmp_path).set_index("candidate")
+    assert sel.picked.to_dict() == {1: False, 0: True, 2: False} and sel.loc[1, "decision_met"] == "3 of 5" and sel.rejected.to_dict() == {1: True, 0: False, 2: False}
+    assert study_cost(t, tmp_path)["runs"]["decision"] == 5 and study_cost(t, tmp_path)["decision"] == {"cpu": 5.0}   # the seeds set aside still cost
+    decide(4)   # 4 of 5: the mechanism stayed at work, the pick stands
+    assert reject_tuned_away(t, tmp_path, log=said.append) is None and (tmp_path/"tiny"/"tuned-active"/"dmml"/"seed0").is_dir()
+    (decided_folder(tmp_path, t, "dmml")/"trial0").mkdir()   # a set-aside folder already there is never overwritten
+    for s in range(5): (tmp_path/"tiny"/"tuned-active"/"dmml"/f"seed{s}"/"metrics.json").write_text(
+        json.dumps({"config": {"method": "dmml"}, "epochs": [], "final": {"R@1": 0.5}, "mechanism": mech(False)}))
+    with pytest.raises(FileError, match="candidate 0's decision was set aside before"): reject_tuned_away(t, tmp_path, log=said.append)
+    (decided_folder(tmp_path, t, "dmml")/"trial0").rmdir()
+    assert reject_tuned_away(t, tmp_path, log=said.append) == 0 and write_selection(t, "dmml", tmp_path).set_index("candidate").picked[2]
+    decide(0); assert reject_tuned_away(t, tmp_path, log=said.append) == 2
+    assert not write_selection(t, "dmml", tmp_path).picked.any()
+    assert write_infeasible(t, tmp_path)["why"] == ("no candidate kept the criterion through the decision: 3 of 3 met it in every seed at the full "
+                                                    "schedule and, decided in turn, each met it in under 80% of its decision seeds")
