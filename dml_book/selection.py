@@ -402,7 +402,7 @@ def active_study(tuning, # an `active_tuning`
     return Study(f"{s.name}/tuned-active", arms, {method: (*s.declared.get(arm, ()), *knobs, "run.lr")}, main=(method,),
                  labels={s.baseline: s.label(s.baseline), method: s.label(arm)}, baseline=s.baseline, primary=s.primary)
 
-# %% ../nbs/11g_selection.ipynb #c60c9082
+# %% ../nbs/11g_selection.ipynb #92a91dc3
 def reject_tuned_away(tuning, # an `active_tuning` whose study at the picks is decided
                       results, # the results store
                       log=print, # where the step is said
