@@ -552,7 +552,7 @@ def study_cost(tuning, # an `active_tuning`
     trials = [f for a in tuning.spaces for f in sorted((root/"tuning"/a).glob("trial*/run.json"))]
     chosen = [f for a in tuning.spaces for f in sorted(selection_folder(results, tuning, a).glob("trial*/seed*/run.json"))]
     again = [f for a in tuning.spaces for f in sorted((root/"tuning"/a/DEVICE_FOLDER).glob("trial*/run.json"))]
-    decided = sorted((root/"tuned-active").glob("*/seed*/run.json")) + sorted(decided_folder(results, tuning, tuning.study.main[0]).glob("trial*/seed*/run.json"))   # picks set aside too
+    decided = sorted((root/"tuned-active").glob("*/seed*/run.json")) + [f for a in tuning.spaces for f in sorted(decided_folder(results, tuning, a).glob("trial*/seed*/run.json"))]   # picks set aside too
     swapped = sorted(f for f in (root/"tuned-active-swap").glob("*-shared/seed*/run.json"))   # the two swap arms (the others are the decision's, copied)
     cost = dict(tuning=_minutes(trials), device=_minutes(again), selection=_minutes(chosen), decision=_minutes(decided), swap=_minutes(swapped),
                 runs=dict(tuning=len(trials), device=len(again), selection=len(chosen), decision=len(decided), swap=len(swapped)))
