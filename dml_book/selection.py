@@ -446,13 +446,14 @@ def decide_swaps(tuning, # an `active_tuning` whose study at the picks is decide
                  jobs: int = 1, # runs side by side
                  log=print, # where each finished run's line goes
                 ) -> pd.DataFrame:
-    "Train `active_swap_study` at the seeds of `<study>/tuned-active`, its two decided arms copied from there; its frame."
+    "Train `active_swap_study` at the paired seeds of `<study>/tuned-active` (finished in both arms), its two decided arms copied from there; its frame."
     import shutil
     from dml_book.files import make_folder
     from dml_book.study_design import run_study
     swap, src = active_swap_study(tuning, results), Path(results)/tuning.study.name/"tuned-active"
-    seeds = sorted(int(p.name[4:]) for p in (src/swap.baseline).glob("seed*") if (p/"metrics.json").is_file())
-    if not seeds: raise StudyError(f"{src}/{swap.baseline} holds no finished seed: decide the study at the picks first")
+    done = lambda arm: {int(p.name[4:]) for p in (src/arm).glob("seed*") if (p/"metrics.json").is_file()}
+    seeds = sorted(done(swap.baseline) & done(swap.main[0]))   # the verdict's pairs: a seed one arm lacks (a lapsed pick's, a diverged one) is not swapped
+    if not seeds: raise StudyError(f"{src} holds no seed finished in both {swap.baseline} and {swap.main[0]}: decide the study at the picks first")
     for arm in (swap.baseline, *swap.main):
         for k in seeds:
             if (src/arm/f"seed{k}"/"metrics.json").is_file() and not (dst := Path(results)/swap.name/arm/f"seed{k}").exists():

@@ -87,7 +87,7 @@ def test_trials_from_another_device_run_again_here_before_the_candidates(tmp_pat
     assert run_selection(t, ("baseline",), str(tmp_path), log=lambda s: None) == 0   # resumable: nothing left
 
 def test_decide_swaps_copies_the_decided_arms_and_trains_only_the_swaps_at_their_seeds(tmp_path, monkeypatch):
-    "The swap study reuses the decision's two arms (same configuration and seed) and asks `run_study` for the decision's seeds in every arm."
+    "The swap study reuses the decision's two arms (same configuration and seed) and asks `run_study` for the decision's paired seeds in every arm (not a seed one arm lacks)."
     from dataclasses import asdict
     import dml_book.study_design as SD
     from dml_book.selection import active_tuning, active_study, selection_folder, decide_swaps, study_cost
@@ -97,11 +97,10 @@ def test_decide_swaps_copies_the_decided_arms_and_trains_only_the_swaps_at_their
         f = selection_folder(tmp_path, t, arm).with_name("selection.csv"); f.parent.mkdir(parents=True, exist_ok=True)
         pd.DataFrame([dict(candidate=0, picked=True, params=json.dumps(t.first(arm)))]).to_csv(f, index=False)
     s = active_study(t, tmp_path)
-    for arm in s.arms:
-        for k in (0, 3):
-            out = make_folder(tmp_path/s.name/arm/f"seed{k}", tmp_path)
-            write_json(out/"metrics.json", {"config": {**asdict(replace(s.arms[arm], seed=k, out=str(out)))}, "final": {"R@1": 0.5}})
-            write_json(out/"run.json", {"cpu_seconds": 60.0, "device": "cpu"})
+    for arm, k in [(a, k) for a in s.arms for k in (0, 3)] + [("baseline", 5)]:   # seed 5: the baseline's only, paired with nothing
+        out = make_folder(tmp_path/s.name/arm/f"seed{k}", tmp_path)
+        write_json(out/"metrics.json", {"config": {**asdict(replace(s.arms[arm], seed=k, out=str(out)))}, "final": {"R@1": 0.5}})
+        write_json(out/"run.json", {"cpu_seconds": 60.0, "device": "cpu"})
     asked = {}
     monkeypatch.setattr(SD, "run_study", lambda study, results, jobs, seeds, log: asked.update(name=study.name, seeds=seeds) or pd.DataFrame(dict(variant=[], x=[])))
     decide_swaps(t, tmp_path)
@@ -113,6 +112,7 @@ def test_decide_swaps_copies_the_decided_arms_and_trains_only_the_swaps_at_their
             assert copied.read_text() == (tmp_path/s.name/arm/f"seed{k}"/"metrics.json").read_text()
             assert SD._same_config(copied, replace(s.arms[arm], seed=k, out=str(copied.parent)))   # run_study keeps it, trains none
     assert study_cost(t, tmp_path)["runs"]["swap"] == 0   # the copies are the decision's runs, not the swaps'
+    assert not (tmp_path/"pads"/"tuned-active-swap"/"baseline"/"seed5").exists()   # the unpaired seed is not copied either
 
 def test_infeasible_is_concluded_only_from_a_finished_budget_and_selection_and_goes_once_a_pick_exists(tmp_path):
     from dml_book.selection import write_infeasible, selection_folder
