@@ -239,18 +239,18 @@ def _tune_active(args, # the parsed command-line arguments (`--active`)
         sel = write_selection(t, a, args.results); r = regret(sel)
         print(f"{t.study.name}/{a}: " + (f"picked trial {int(sel[sel.picked].candidate.iloc[0])} at the full schedule (regret of the short trials' pick "
                                          f"{r:.2f} points)" if r is not None else "no candidate kept the mechanism at work"))
-    if (why := write_infeasible(t, args.results)) is not None:   # the finding: what the search cost is part of it
+    def infeasible() -> bool:   # the finding, with what the search cost: it is part of it
+        if (why := write_infeasible(t, args.results)) is None: return False
         print(f"{t.study.name}: {why['why']}; nothing to decide (infeasible.json)")
-        print("cost, process minutes by phase and device:", study_cost(t, args.results)); return 0
+        print("cost, process minutes by phase and device:", study_cost(t, args.results)); return True
+    if infeasible(): return 0
     if args.decide:
-        print(run_study(active_study(t, args.results), args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
-        while reject_tuned_away(t, args.results) is not None:   # the pick's mechanism lapsed in the decision: the next candidate
-            sel = write_selection(t, t.study.main[0], args.results)
-            if (why := write_infeasible(t, args.results)) is not None:
-                print(f"{t.study.name}: {why['why']}; nothing to decide (infeasible.json)")
-                print("cost, process minutes by phase and device:", study_cost(t, args.results)); return 0
-            print(f"{t.study.name}/{t.study.main[0]}: picked trial {int(sel[sel.picked].candidate.iloc[0])} at the full schedule")
+        while True:
             print(run_study(active_study(t, args.results), args.results, jobs=args.jobs).groupby("variant").mean(numeric_only=True).round(4).to_string())
+            if reject_tuned_away(t, args.results) is None: break   # else the pick's mechanism lapsed in the decision: the next candidate
+            sel = write_selection(t, t.study.main[0], args.results)
+            if infeasible(): return 0
+            print(f"{t.study.name}/{t.study.main[0]}: picked trial {int(sel[sel.picked].candidate.iloc[0])} at the full schedule")
         v = finding(args.study, "pretrained" if args.pretrained else "from scratch", args.results, settings=MECHANISM_AT_WORK)
         if v is not None and v["decided"] != "undecided":   # a decided verdict is attributed both ways
             print(f"{t.study.name}: {v['decided']}; the swaps of the shared knobs, at the same seeds:")
