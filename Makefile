@@ -9,15 +9,16 @@ export PYTHONHASHSEED ?= 0
 
 .PHONY: demo test install readme docs preview clean
 
-# The install step (`make test` runs it first): the Python packages in .venv, then the Debian packages the tests use
-# (tools/system_packages.sh: installed with apt-get as root, else the command is printed and the tests that need them
-# are skipped, naming it). `make demo` needs the Python packages only.
+# The install step (`make test` runs it first): the Python packages in .venv (tools/install_python.sh: the CPU-only torch
+# wheels on a machine without an NVIDIA GPU, PyPI's CUDA build on one with; one line says which it took), then the
+# Debian packages the tests use (tools/system_packages.sh: installed with apt-get when run as root, else the command is
+# printed and the tests that need them are skipped, naming it). `make demo` needs the Python packages only.
 install: $(STAMP)
 	@sh tools/system_packages.sh
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || python3 -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@sh tools/install_python.sh $(BIN)/python
 	@touch $@
 
 demo: $(STAMP)

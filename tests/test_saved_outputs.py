@@ -1,7 +1,7 @@
 """A book that reads without a build: the cells tagged `results` keep their outputs in the committed notebooks (each
 method chapter's results and every experiment page with a figure), those outputs are what a fresh execution gives from
 the stored results, and every other cell is clean (tools/saved_outputs.py; `make readme` writes them)."""
-import json, sys
+import json, re, sys
 from pathlib import Path
 import pytest
 
@@ -63,3 +63,51 @@ def test_saved_outputs_equal_a_fresh_execution():
     so.build_preview()
     found = so.problems()
     assert not found, "\n".join(found[:10]) + "\nrun `make readme` and commit the notebooks"
+
+
+def _table(*values):
+    "A pandas-style residual table as a fresh execution prints it."
+    return "   relative difference\n" + "".join(f"{i}  {v:>19.6e}\n" for i, v in enumerate(values))
+
+
+def test_a_number_that_moves_only_its_last_bits_reads_the_same():
+    "Another CPU's summation order or BLAS kernel moves the last bits of a float64: the same reading, saved or fresh."
+    x = 0.7224440894568690
+    assert so.same_text(f"R@1 {x!r}", f"R@1 {x*(1 + 4e-16)!r}")              # 16 digits printed, the last ones moved
+    assert so.same_text("loss 1.4142135623730951", "loss 1.4142135623730950")
+    # residuals at rounding level move by their whole size: the cell's stated absolute bound reads them as one
+    saved, fresh = _table(4.560519e-17, 1.651797e-10), _table(0.0, 1.40e-10)
+    assert not so.same_text(saved, fresh)                                        # no bound stated: a change
+    assert so.same_text(saved, fresh, atol=1e-6)
+    assert so.same_text("a   0.5\nb 1.0", "a 0.5\nb     1.0")                    # padding is layout, not a reading
+
+
+def test_a_changed_result_fails_within_the_tolerance():
+    "A saved number perturbed beyond the tolerance, a changed digit of a short print, or changed words: all differ."
+    assert not so.same_text("R@1 0.812", "R@1 0.813")
+    assert not so.same_text("R@1 0.7224440894568690", "R@1 0.7224440964568690")   # moved by 1e-8 relative: past RTOL, a result
+    assert not so.same_text(_table(4.56e-17, 1.65e-10), _table(4.56e-17, 2.0e-6), atol=1e-6)   # past the stated bound
+    assert not so.same_text("better (p = 0.01)", "worse (p = 0.01)")
+    assert not so.same_text("seeds 5", "seeds 5 6")                             # a number more is a change
+    assert not so.same_text("nan", "0.0") and so.same_text("nan", "nan")
+
+
+def test_a_cells_tolerance_is_stated_in_its_tags_and_checked():
+    cell = lambda *tags: {"cell_type": "code", "metadata": {"tags": ["results", *tags]}}
+    assert so.tolerance(cell()) == {"atol": 0.0, "rtol": so.RTOL}
+    assert so.tolerance(cell("atol=1e-12")) == {"atol": 1e-12, "rtol": so.RTOL}
+    with pytest.raises(SystemExit, match="states no number"): so.tolerance(cell("atol=small"))
+    with pytest.raises(SystemExit, match=">= 0"): so.tolerance(cell("rtol=-1"))
+    out = lambda v: [{"output_type": "stream", "name": "stdout", "text": f"largest relative difference {v:.1e}\n"}]
+    assert so.same_outputs(so.comparable(out(2.6e-16)), so.comparable(out(1.9e-16)), **so.tolerance(cell("atol=1e-12")))
+    assert not so.same_outputs(so.comparable(out(2.6e-16)), so.comparable(out(1.9e-16)), **so.tolerance(cell()))
+
+
+def test_every_cell_that_prints_residuals_states_its_bound():
+    "A tagged cell that prints relative differences at rounding level must state the bound it asserts, or another CPU fails it."
+    for nb in so.notebooks():
+        for c in json.loads(nb.read_text())["cells"]:
+            if not so.is_tagged(c) or "relative difference" not in "".join(c["source"]): continue
+            printed = "".join(t for _, t in so.comparable(c.get("outputs", [])))
+            if re.search(r"e-(1[0-9]|0[7-9])\b", printed):
+                assert so.tolerance(c)["atol"] > 0, f"{nb.relative_to(ROOT)}: cell {c['id']} prints residuals; tag it atol=<the bound it asserts>"

@@ -2,11 +2,12 @@
 other cell stays clean. So a chapter's results and every experiment page read on a repository viewer, without a build.
 
 A tagged cell computes what it shows from `results/` (or a test fixture), never from a run made on the spot, so a fresh
-execution gives the same numbers; a base chapter's figure may be drawn from a seeded run on the spot, since a figure is
+execution gives the same reading: numbers within a tolerance (a float64 residual may move its last bits on another
+CPU; see `same_text`), text as it is; a base chapter's figure may be drawn from a seeded run on the spot, since a figure is
 compared as a figure (its pixels vary with the library versions), and its table from fixed data. `make readme` writes them (after a study or a change to a results section):
 
     python tools/saved_outputs.py --write    # copy the tagged cells' outputs from the executed book (_preview) into nbs/
-    python tools/saved_outputs.py --check    # the committed outputs equal a fresh execution's (tests/test_saved_outputs.py)
+    python tools/saved_outputs.py --check    # the committed outputs read as a fresh execution's (tests/test_saved_outputs.py)
 
 The executed book is the one `tools/preview.py` builds (chapters by `nbdev-test --save`, experiments under papermill),
 which `make test` builds anyway; `--write` and `--check` build it first when it is stale.
@@ -67,6 +68,50 @@ def comparable(outputs: list) -> list[tuple]:
     return out
 
 
+# What a reader reads as the same number. A fresh execution on another CPU (other vector units, another BLAS kernel,
+# another summation order) moves the last bits of a float64 computed on the spot; a printed residual of 1e-16 reads the
+# same as one of 2e-16. So numbers in a text compare within a tolerance, and everything between them exactly (up to
+# runs of spaces, which a table pads to its widest entry). The default, a relative 1e-9, lets a number printed to 16
+# digits move its last ones and nothing a reader could see in a number printed to 9 digits or fewer; a cell that prints
+# residuals (relative differences at rounding level, which have no relative precision of their own) states the bound
+# it asserts as a tag, `atol=1e-12`, and its numbers then also compare within that absolute difference.
+RTOL = 1e-9
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|\b(?:nan|inf)\b")
+_SPACES = re.compile(r"[ \t]+")
+
+
+def tolerance(cell: dict) -> dict:
+    "The tolerance a cell states with tags `atol=X` and `rtol=X` (defaults: atol 0, rtol `RTOL`)."
+    tol = {"atol": 0.0, "rtol": RTOL}
+    for tag in cell.get("metadata", {}).get("tags", []):
+        key, _, value = tag.partition("=")
+        if key in tol:
+            try: tol[key] = float(value)
+            except ValueError: raise SystemExit(f"saved_outputs: tag {tag!r} states no number (write it as {key}=1e-12)") from None
+            if not tol[key] >= 0: raise SystemExit(f"saved_outputs: tag {tag!r} must state a tolerance >= 0")
+    return tol
+
+
+def _close(a: str, b: str, atol: float, rtol: float) -> bool:
+    x, y = float(a), float(b)
+    if x == y or (x != x and y != y): return True
+    return abs(x - y) <= max(atol, rtol*max(abs(x), abs(y)))
+
+
+def same_text(kept: str, new: str, atol: float = 0.0, rtol: float = RTOL) -> bool:
+    "Whether two texts read the same: equal between their numbers (runs of spaces as one), each number close to its peer."
+    if kept == new: return True
+    nums_k, nums_n = _NUMBER.findall(kept), _NUMBER.findall(new)
+    words_k, words_n = [_SPACES.sub(" ", w) for w in _NUMBER.split(kept)], [_SPACES.sub(" ", w) for w in _NUMBER.split(new)]
+    return (len(nums_k) == len(nums_n) and words_k == words_n
+            and all(_close(a, b, atol, rtol) for a, b in zip(nums_k, nums_n)))
+
+
+def same_outputs(kept: list[tuple], new: list[tuple], atol: float = 0.0, rtol: float = RTOL) -> bool:
+    "Whether two `comparable` outputs read the same: the same kinds in the same order, each text by `same_text`."
+    return len(kept) == len(new) and all(mk == mn and same_text(tk, tn, atol, rtol) for (mk, tk), (mn, tn) in zip(kept, new))
+
+
 def _cells_by_id(nb: dict) -> dict:
     return {c.get("id"): c for c in nb["cells"]}
 
@@ -89,13 +134,15 @@ def executed_outputs(nb: Path, preview: Path = PREVIEW) -> dict:
 
 
 def write(preview: Path = PREVIEW) -> list[Path]:
-    "Tagged cells take the fresh execution's outputs, every other cell loses its outputs; returns the notebooks changed."
+    "Tagged cells take the fresh execution's outputs (unless they read the same as the saved ones), every other cell loses its outputs; returns the notebooks changed."
     changed = []
     for nb in notebooks():
         raw = nb.read_text(); d = json.loads(raw)
         fresh = executed_outputs(nb, preview)
         for c in d["cells"]:
             if c["cell_type"] != "code": continue
+            if is_tagged(c) and same_outputs(comparable(c.get("outputs", [])), comparable(fresh[c["id"]]), **tolerance(c)):
+                c["execution_count"] = None; continue   # the same reading: keep the saved bits, no churn from another CPU
             c["outputs"] = [_clean_output(o) for o in fresh[c["id"]]] if is_tagged(c) else []
             c["execution_count"] = None
         new = json.dumps(d, indent=1, ensure_ascii=False) + "\n"
@@ -124,8 +171,9 @@ def problems(preview: Path = PREVIEW) -> list[str]:
             kept, new = comparable(c.get("outputs", [])), comparable(fresh[c["id"]])
             if not new: found.append(f"{rel}: tagged cell {c['id']} shows nothing when executed")
             elif any(m == "error" for m, _ in new): found.append(f"{rel}: tagged cell {c['id']} fails: {new}")
-            elif kept != new:
-                diff = next((f"saved {a!r:.300} | fresh {b!r:.300}" for a, b in zip(kept, new) if a != b), f"{len(kept)} outputs saved, {len(new)} fresh")
+            elif not same_outputs(kept, new, **(tol := tolerance(c))):
+                diff = next((f"saved {a!r:.300} | fresh {b!r:.300}" for a, b in zip(kept, new) if not (a[0] == b[0] and same_text(a[1], b[1], **tol))),
+                            f"{len(kept)} outputs saved, {len(new)} fresh")
                 found.append(f"{rel}: cell {c['id']}'s saved outputs differ from a fresh execution: {diff}")
     return found
 
