@@ -578,6 +578,8 @@ def train_command(args, # the parsed command-line arguments
     final = trainer.fit()
     if not trainer.dist.is_main: return 0   # under torchrun, rank 0 reports
     if cfg.umap and getattr(trainer, "last_embedding", None) is not None:   # the command line draws, not the trainer
+        print(f"drawing the UMAP of the test embedding ({min(len(trainer.last_embedding[0]), 4000)} points): about two minutes on a CPU "
+              f"(--no-umap skips it) ...", flush=True)   # a long phase says what it does before it starts
         from dml_book.viz import plot_umap   # slow to import (umap)
         save_figure(plot_umap(*trainer.last_embedding, title=f"{cfg.dataset} test split, epoch {trainer.epoch}"), trainer.out/"umap.png")
     print(f"\n{cfg.method} / {trainer.method.own_loss or cfg.loss} on {cfg.dataset}, {cfg.epochs} epochs (unseen test classes):")

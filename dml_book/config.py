@@ -130,6 +130,7 @@ FIELD_CHECKS = {  # field: (predicate, what it expects)
     "progress": (is_bool, "true or false"),
     "umap": (is_bool, "true or false"),
     "allow_collapse": (is_bool, "true or false"),
+    "plan_sha": (optional(lambda v: isinstance(v, str) and len(v) == 64 and set(v) <= set("0123456789abcdef")), "a SHA-256 (64 lower-case hexadecimal digits) or None"),
 }
 
 # %% ../nbs/08d_config.ipynb #3fc809d5

@@ -68,12 +68,24 @@ def _target(path, fix: str) -> Path:
     return path
 
 # %% ../nbs/08e_files.ipynb #c7b06f27
+def _holds(path: Path, data) -> bool:
+    "Whether `path` is already a regular file (not a link) holding exactly `data`; read only when the sizes agree."
+    try: fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    except OSError: return False
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != len(data) or len(data) > 64 << 20: return False   # a large file: rewritten
+        try: return f.read(len(data) + 1) == bytes(data)
+        except OSError: return False
+
 def write_bytes(path, # the file to (re)place
                 data, # bytes, or an iterable of bytes chunks
                 fix: str = "choose another output", # what the user can do, ending the message of a failed write
                ) -> Path:
-    "Replace `path` with `data` atomically: a temporary file opened `O_EXCL | O_NOFOLLOW`, fsync, rename; never through a link."
+    """Replace `path` with `data` atomically: a temporary file opened `O_EXCL | O_NOFOLLOW`, fsync, rename; never through a link.
+    A file that already holds `data` is left as it is (its bytes and time): a command with nothing to do writes nothing."""
     path = _target(path, fix)
+    if isinstance(data, (bytes, bytearray, memoryview)) and _holds(path, data): return path   # nothing to change: nothing written
     tmp = _stage(path, [data] if isinstance(data, (bytes, bytearray, memoryview)) else data, fix)
     try: os.replace(tmp, path)
     except BaseException as e:

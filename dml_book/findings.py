@@ -8,13 +8,15 @@ Docs: https://dml-book.github.io/dml_book/findings.html.md"""
 from __future__ import annotations
 from pathlib import Path
 import pandas as pd
-from .study import study_report, paired_difference, metric_name
+from .study import study_report, paired_difference, metric_name, verdict
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS_OWN', 'MECHANISM_AT_WORK', 'SETTINGS', 'INFEASIBLE', 'main_arm', 'paired_p', 'mechanism_label',
-           'finding', 'power_seeds', 'arm_means', 'tuning_moves', 'moves_sentence', 'holm', 'findings', 'finding_text',
-           'infeasible', 'verdict_cell', 'findings_markdown', 'plot_findings']
+__all__ = ['REGIMES', 'SETTINGS_OWN', 'MECHANISM_AT_WORK', 'SETTINGS', 'CERTIFIED', 'STUDIES', 'OFF', 'VERSUS', 'SHOWN',
+           'INFEASIBLE', 'NOT_YET', 'EARLIER', 'main_arm', 'paired_p', 'mechanism_label', 'finding', 'power_seeds',
+           'arm_means', 'tuning_moves', 'moves_sentence', 'holm', 'findings', 'Findings', 'finding_text', 'infeasible',
+           'verdict_cell', 'findings_markdown', 'plot_findings', 'first_screen', 'screen_text', 'screen_cells',
+           'first_screen_markdown', 'plot_first_screen', 'regime_sentences', 'provenance', 'provenance_markdown']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
@@ -22,6 +24,10 @@ SETTINGS_OWN = "papers'"   # the study's own settings: a verdict line names no s
 MECHANISM_AT_WORK = "tuned, mechanism at work"   # the settings whose search may find no setting at all (`infeasible`)
 SETTINGS = {"papers'": "{study}", "tuned": "{study}/tuned",   # whose settings the arms train with -> the study's folder
             MECHANISM_AT_WORK: "{study}/tuned-active"}   # tuned with the method's activity criterion held, picked on the full schedule
+CERTIFIED = "certified"   # the settings of a certified study: the arms `baseline/`, `<method>/` and `<method>-off/`
+STUDIES = {**SETTINGS, CERTIFIED: "{study}/certified"}   # every study a line comes from: the tuned ones, and the certified one (its `plan.json` and three arms at the plan's settings)
+OFF = "{method}-off"   # the certified study's arm of the method with its mechanism switched off, at the same settings
+VERSUS = {"baseline": "its baseline", "mechanism off": "itself with its mechanism off"}   # what a line compares the method with
 
 def main_arm(rep: dict, # a `study_report`
              method: str, # the study's method (its main arm when the design names none)
@@ -55,18 +61,27 @@ def mechanism_label(study, # a study's folder
 def finding(method: str, # a method with a study under `results/`
             regime: str = "from scratch", # a key of `REGIMES`
             root=None, # the results store (default: `results_dir()`)
-            settings: str = "papers'", # a key of `SETTINGS`: the study's own settings, or each arm tuned alike
+            settings: str = "papers'", # a key of `STUDIES`: the study's own settings, each arm tuned alike, or a certified study's plan
+            versus: str = "baseline", # a key of `VERSUS`: the study's baseline, or (a certified study) the method with its mechanism off
            ) -> dict | None:
-    "The study's first main arm against its baseline, in points: `diff`, `low`, `high` (95% interval), `seeds`, `decided` (better, worse, undecided); None where none pairs two seeds."
-    rep = study_report(SETTINGS[settings].format(study=REGIMES[regime].format(method=method)), root)
-    arm = main_arm(rep, method, rep["verdict_of"]) if rep else None
-    if arm is None: return None
-    p = paired_difference(rep["frame"], arm, rep["design"].get("baseline", "baseline"))
+    "The study's first main arm against its baseline (or against itself with its mechanism off), in points: `diff`, `low`, `high` (95% interval), `seeds`, `decided` (better, worse, undecided); None where none pairs two seeds."
+    if versus not in VERSUS: raise ValueError(f"versus={versus!r}: a line compares the method with one of {', '.join(map(repr, VERSUS))}")
+    rep = study_report(STUDIES[settings].format(study=REGIMES[regime].format(method=method)), root)
+    if rep is None: return None
+    base = rep["design"].get("baseline", "baseline")
+    other = base if versus == "baseline" else OFF.format(method=method)
+    arm = main_arm(rep, method, rep["verdict_of"] if versus == "baseline" else set(rep["frame"].variant))
+    if arm is None or arm == other: return None
+    try: p = paired_difference(rep["frame"], arm, other)
+    except ValueError: return None   # the arm it is compared with is not stored, or pairs under two seeds with it
     diff, low, high = (100 * p[k] for k in ("mean", "low", "high"))
-    return dict(method=method, regime=regime, settings=settings, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
-                seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=rep["verdict_of"][arm],
+    said = rep["verdict_of"][arm] if versus == "baseline" else verdict(rep["frame"], arm, baseline=other, label=f"{rep['labels'][arm]} against itself with its mechanism off",
+                                                                      metric=rep["primary"]["metric"].replace("val_", "validation "))
+    return dict(method=method, regime=regime, settings=settings, versus=versus, arm=rep["labels"][arm], metric=metric_name(rep["primary"]), diff=diff, low=low, high=high,
+                seeds=p["n"], decided="better" if low > 0 else "worse" if high < 0 else "undecided", verdict=said,
                 p=paired_p(p["mean"], p["std"], p["n"]), seeds_needed=power_seeds(100 * p["std"]), **mechanism_label(rep["root"], arm, settings),
-                diverged=sorted(s for s, arms in rep["facts"].get("diverged", {}).items() if arm in arms or rep["design"].get("baseline", "baseline") in arms))
+                diverged=sorted(s for s, arms in rep["facts"].get("diverged", {}).items() if arm in arms or other in arms),
+                compared=[arm, other], paired=p["seeds"])
 
 def power_seeds(sd: float, # standard deviation of the paired differences, in points
                ) -> int:
@@ -121,16 +136,29 @@ def findings(methods=None, # method names (default: each study at the top of the
              root=None, # the results store (default: `results_dir()`)
              alpha: float = 0.05, # the family's error rate for Holm's decisions
             ) -> pd.DataFrame:
-    """One row per method, regime and settings with a stored study: its `finding`, with its p-value adjusted by Holm over
-    all the rows (the verdicts shown together) and what the adjusted value decides (`holm`)."""
+    """One row per method, regime, settings and comparison with a stored study: its `finding` (a certified study gives two:
+    against its baseline and against the method with its mechanism off), with its p-value adjusted by Holm over all the rows
+    (the verdicts shown together) and what the adjusted value decides (`holm`). Printed, it shows the columns of `SHOWN`."""
     root = Path(root) if root is not None else results_dir()
     methods = methods or sorted(p.parent.name for p in root.glob("*/study.json"))
-    frame = pd.DataFrame([f for m in methods for r in REGIMES for s in SETTINGS if (f := finding(m, r, root, s)) is not None])
+    frame = pd.DataFrame([f for m in methods for r in REGIMES for s in STUDIES for v in VERSUS if s == CERTIFIED or v == "baseline"
+                          if (f := finding(m, r, root, s, v)) is not None])
     if frame.empty: return frame
     for c in ("mechanism", "mechanism_seeds"): frame[c] = frame[c].astype(object).where(frame[c].notna(), None)   # None, not NaN: a row equals itself
     frame["p_holm"] = holm(frame.p.tolist())
     frame["holm"] = [("better" if d > 0 else "worse") if q < alpha else "undecided" for d, q in zip(frame["diff"], frame.p_holm)]
-    return frame
+    return Findings(frame)
+
+SHOWN = ["method", "regime", "settings", "versus", "diff", "low", "high", "seeds", "decided", "p", "holm"]   # what `print(findings())` shows
+
+class Findings(pd.DataFrame):
+    "The frame `findings` returns: a plain DataFrame that prints the columns a verdict is read by (`SHOWN`), every one of them, and names the others."
+    def __repr__(self):
+        shown = [c for c in SHOWN if c in self.columns]; rest = [c for c in self.columns if c not in shown]
+        with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_rows", None, "display.precision", 3):
+            text = repr(pd.DataFrame(self[shown]))
+        return text + (f"\n[{len(rest)} more columns: {', '.join(rest)}]" if rest else "")
+    __str__ = __repr__
 
 # %% ../nbs/11d_findings.ipynb #c5fc0aad
 def finding_text(f: dict | None, # a `finding`
@@ -184,7 +212,7 @@ def verdict_cell(method: str, # a method's name
         if m is None: return text   # no papers'-settings study in this regime: nothing moved from
         return text + f" (tuning moved the baseline {m[0]:+.1f}, {method.upper()} {m[1]:+.1f})"
     none = [dict(f, text=f"{f['regime']}, {f['settings']}: {f['text']}") for r in REGIMES if (f := infeasible(method, r, root))]
-    order = lambda f: (list(REGIMES).index(f["regime"]), list(SETTINGS).index(f["settings"]))   # a regime's lines together, the papers' first
+    order = lambda f: (list(REGIMES).index(f["regime"]), list(STUDIES).index(f["settings"]))   # a regime's lines together, the papers' first
     said = [f["text"] if "text" in f else line(f) for f in sorted(found + none, key=order)]
     text = "<br>".join(said) or "no study stored"
     return f"{text} ([study]({page}))" if page and said else text
@@ -217,3 +245,127 @@ def plot_findings(frame: pd.DataFrame, # `findings`
                                       for m, r, s in zip(frame.method[::-1], frame.regime[::-1], frame.settings[::-1])])
     ax.axvline(0, color="k", lw=0.8); ax.set_xlabel("difference from the baseline (points of the primary metric), 95% interval")
     return ax.figure
+
+# %% ../nbs/11d_findings.ipynb #fs000002
+NOT_YET = "not yet measured"   # a cell whose certified study is not stored
+EARLIER = "earlier than the plans"   # a line decided before the certified studies' plans: tuned with the mechanism at work
+
+def first_screen(methods=None, # method names, in the order of the table (default: `findings`' own)
+                 root=None, # the results store (default: `results_dir()`)
+                ) -> pd.DataFrame:
+    """Per method and regime: `effect`, the certified study's method against itself with its mechanism off (a row of
+    `findings`, None where not stored); `against`, the method against its tuned baseline: the certified study's, else the
+    study tuned with its mechanism at work (`earlier` True); `infeasible`, that search's line where it kept no setting."""
+    family = findings(methods, root)
+    rows = {(f.method, f.regime, f.settings, f.versus): dict(f) for _, f in family.iterrows()} if len(family) else {}
+    methods = methods or sorted({m for m, *_ in rows})
+    out = []
+    for m in methods:
+        for r in REGIMES:
+            certified, earlier = rows.get((m, r, CERTIFIED, "baseline")), rows.get((m, r, MECHANISM_AT_WORK, "baseline"))
+            none = infeasible(m, r, root) if certified is None and earlier is None else None
+            out.append(dict(method=m, regime=r, effect=rows.get((m, r, CERTIFIED, "mechanism off")), against=certified or earlier,
+                            earlier=certified is None and (earlier is not None or none is not None), infeasible=none))
+    return pd.DataFrame(out, columns=["method", "regime", "effect", "against", "earlier", "infeasible"])
+
+def screen_text(f: dict | None, # a row of `findings`, or None
+               ) -> str:
+    "A first-screen number: '-2.2 (-3.2 to -1.2), Holm: worse'; `NOT_YET` for None."
+    return NOT_YET if f is None else f"{f['diff']:+.1f} ({f['low']:+.1f} to {f['high']:+.1f}), Holm: {f['holm']}"
+
+def screen_cells(row, # a row of `first_screen`
+                ) -> tuple[str, str]:
+    "The two cells of a first-screen row: the mechanism's effect, and the method against its tuned baseline (marked where earlier)."
+    if row["against"] is not None: against = screen_text(row["against"])
+    elif row["infeasible"] is not None: against = "no setting kept the mechanism at work"
+    else: against = NOT_YET
+    return screen_text(row["effect"]), against + (f"; {EARLIER}" if row["earlier"] else "")
+
+def first_screen_markdown(screen: pd.DataFrame, # `first_screen`
+                          pages: dict | None = None, # method -> the page its name links to
+                         ) -> str:
+    "The home page's first table: method, regime, the mechanism's effect, the method against its tuned baseline."
+    pages = pages or {}
+    rows = ["| method | regime | the mechanism's effect: on − off, points (95% interval) | against its tuned baseline, points (95% interval) |",
+            "| --- | --- | --- | --- |"]
+    for _, r in screen.iterrows():
+        name = f"[{r.method.upper()}]({pages[r.method]})" if r.method in pages else r.method.upper()
+        rows.append(f"| {name} | {r.regime} | " + " | ".join(screen_cells(r)) + " |")
+    return "\n".join(rows)
+
+def plot_first_screen(screen: pd.DataFrame, # `first_screen`
+                      ax=None, # axes; None: a new figure
+                     ):
+    "The first screen as a forest plot: every line with its 95% interval, coloured by Holm's word; an earlier line hollow; a cell not measured named in place."
+    import matplotlib.pyplot as plt
+    lines = [(f"{r.method.upper()}, {r.regime}: {what}", f, early) for _, r in screen.iterrows()
+             for what, f, early in (("mechanism on − off", r.effect, False), ("against tuned baseline", r.against, r.earlier))]
+    ax = ax or plt.subplots(figsize=(7.5, 0.28 * len(lines) + 1.2), layout="constrained")[1]
+    colour = {"better": "tab:green", "worse": "tab:red", "undecided": "tab:grey"}
+    for y, (_, f, early) in enumerate(lines[::-1]):
+        if f is None: ax.text(0, y, NOT_YET if not early else "no setting kept the mechanism at work", ha="center", va="center", fontsize=7, color="0.45", style="italic",
+                              bbox=dict(facecolor="white", edgecolor="none", pad=1), zorder=3); continue
+        c = colour[f["holm"]]
+        ax.errorbar(f["diff"], y, xerr=[[f["diff"] - f["low"]], [f["high"] - f["diff"]]], fmt="o", capsize=3, color=c, mfc="white" if early else c)
+    ax.set_yticks(range(len(lines)), [label for label, *_ in lines[::-1]], fontsize=8)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_xlabel("Recall@1 points, 95% interval (colour: Holm's word; hollow: earlier than the plans)")
+    return ax.figure
+
+# %% ../nbs/11d_findings.ipynb #rs000002
+def regime_sentences(method: str, # a method with studies under `results/`
+                     root=None, # the results store (default: `results_dir()`)
+                    ) -> str:
+    "One line per regime: each stored line's settings and verdict (`finding`), noting a regime decided only tuned; or that the regime has no study stored."
+    out = []
+    for regime, name in (("from scratch", "Trained from scratch"), ("pretrained", "Fine-tuned from the pretrained backbone")):
+        lines = [(s, v, f) for s in STUDIES for v in VERSUS if s == CERTIFIED or v == "baseline" if (f := finding(method, regime, root, s, v)) is not None]
+        gone = infeasible(method, regime, root)
+        if not lines and gone is None:
+            out.append(f"{name}: no study with two paired seeds is stored under results/{REGIMES[regime].format(method=method)}/ in this copy."); continue
+        only = "" if any(s == SETTINGS_OWN for s, *_ in lines) else " (no study at the papers' settings: decided with both arms tuned)"
+        said = [f"{s}{'' if v == 'baseline' else ', against ' + VERSUS[v]}: {f['verdict']}" for s, v, f in lines]
+        out.append(f"{name}{only}: " + " ".join(said + ([f"{MECHANISM_AT_WORK}: {gone['text']}."] if gone else [])))
+    return "\n".join(out)
+
+# %% ../nbs/11d_findings.ipynb #pv000002
+def _counted(values) -> str:
+    "'bf16 (all 10 runs)', or 'bf16 (6 runs), fp32 (4 runs)' in order of count."
+    import collections
+    c = collections.Counter(values)
+    if len(c) == 1: return f"{next(iter(c))} (all {sum(c.values())} runs)"
+    return ", ".join(f"{k} ({n} run{'s' * (n != 1)})" for k, n in c.most_common())
+
+def provenance(frame: pd.DataFrame, # `findings`
+               root=None, # the results store (default: `results_dir()`)
+              ) -> pd.DataFrame:
+    "Per line of `frame`: what its runs (both arms, its paired seeds) recorded: `device`, `precision`, `libraries`, `machines`, each value with its count of runs."
+    from dml_book.results import load_run   # the checked readers: a bad metrics.json or run.json is one line naming it
+    from dml_book.study import run_record
+    root = Path(root) if root is not None else results_dir()
+    rows = []
+    for _, f in frame.iterrows():
+        study = root/STUDIES[f.settings].format(study=REGIMES[f.regime].format(method=f.method))
+        device, precision, libraries, machines = [], [], [], []
+        for arm in f.compared:
+            for seed in f.paired:
+                run = study/arm/f"seed{seed}"
+                m = load_run(run)
+                env = m.get("environment") or {}
+                r = run_record(run) or {}
+                device.append(r.get("gpu") or ("CPU" if r.get("device") == "cpu" else r.get("device") or "not recorded"))
+                precision.append((m.get("run") or {}).get("precision") or "not recorded")
+                libraries.append(", ".join(f"{k} {env[k]}" for k in ("python", "torch", "faiss", "numpy") if env.get(k)) or "not recorded")
+                machines.append(env.get("platform") or "not recorded")
+        rows.append(dict(method=f.method, regime=f.regime, settings=f.settings, versus=f.versus, device=_counted(device),
+                         precision=_counted(precision), libraries=_counted(libraries), machines=_counted(machines)))
+    return pd.DataFrame(rows, columns=["method", "regime", "settings", "versus", "device", "precision", "libraries", "machines"])
+
+def provenance_markdown(table: pd.DataFrame, # `provenance`
+                       ) -> str:
+    "A markdown table of `provenance`: one row per line, what its runs recorded."
+    rows = ["| method | regime | settings | device | number format | libraries | machine (platform) |", "|---|---|---|---|---|---|---|"]
+    for _, p in table.iterrows():
+        what = p.settings + ("" if p.versus == "baseline" else f", against {VERSUS[p.versus]}")
+        rows.append(f"| {p.method.upper()} | {p.regime} | {what} | {p.device} | {p.precision} | {p.libraries} | {p.machines} |")
+    return "\n".join(rows)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from .registry import MINERS
-from .losses.base import finite_numbers
+from .losses.base import finite_numbers, warn_unusable
 from .distances import check_batch, euclidean, squared_euclidean, pair_masks
 from fastcore.basics import patch
 
@@ -20,8 +20,10 @@ __all__ = ['Miner', 'semihard_band', 'SemiHardMiner', 'BatchHardMiner', 'distanc
            'RandomTripletMiner']
 
 # %% ../nbs/05_miners.ipynb #7bf79603
+@finite_numbers   # its own arguments too (normalize must be a bool)
 class Miner:
     "Base of the miners: `miner(embeddings, labels) -> (a, p, n)`, computed without gradient."
+    needs = "triplets"  # a batch without a positive pair and a negative gives no triplet (said once per miner)
     def __init__(self, normalize: bool = True): # L2-normalise the embeddings before mining (as PML's distances do)
         self.normalize = normalize
 
@@ -36,9 +38,15 @@ class Miner:
         from dml_book.losses.base import check_finite, check_reference
         check_batch(embeddings, labels); check_finite(embeddings)   # a NaN row would be mined like any other
         prep = lambda e: F.normalize(e.detach(), dim=1) if self.normalize else e.detach()  # the one place miners normalise
+        has_ref = check_reference(embeddings, ref_emb, ref_labels) is not None
+        if len(labels) == 0 or (has_ref and len(ref_labels) == 0):   # nothing to mine from (PML's batch-hard: IndexError)
+            if not getattr(self, "_warned_unusable", False): warn_unusable(self, labels, (labels[:0],), "it mines no triplet")
+            return labels.new_zeros(0), labels.new_zeros(0), labels.new_zeros(0)
         with torch.no_grad():
-            if check_reference(embeddings, ref_emb, ref_labels) is None: return self.mine(prep(embeddings), labels)
-            return self.mine(prep(embeddings), labels, prep(ref_emb), ref_labels)
+            out = self.mine(prep(embeddings), labels, *((prep(ref_emb), ref_labels) if has_ref else ()))
+        if len(out[0]) == 0 and not has_ref and not getattr(self, "_warned_unusable", False):
+            warn_unusable(self, labels, None, "it mines no triplet")   # said when the labels allow none, not when a rule (the band) keeps none
+        return out
 
     def mine(self,
              embeddings: Tensor, # (B, D) embeddings

@@ -39,7 +39,7 @@ def within(root, # the folder `path` belongs to: a dataset's root, a run folder,
     "`path` with its links resolved; a `FileError` when it (or a link on the way) leads outside `root`."
     base, real = Path(os.path.realpath(root)), Path(os.path.realpath(path))
     if real != base and base not in real.parents:
-        raise FileError(f"{what} {path} leads outside {root} (to {real}): dml_book reads only the files inside it; {fix}")
+        raise FileError(f"{what} {path} leads outside {root}: dml_book reads only the files inside it (and names nothing of what lies outside); {fix}")
     return real
 
 # %% ../nbs/08f_reads.ipynb #fd12dbb6

@@ -12,32 +12,67 @@ import numpy as np, pandas as pd
 from .registry import check_choice
 
 # %% auto #0
-__all__ = ['PUBLISHED_COLUMNS', 'INSTALL', 'Scale', 'load_run', 'find_runs', 'runs_frame', 'load_histories', 'run_grid',
+__all__ = ['RUN_SCHEMA', 'CONFIG_SCHEMA', 'PUBLISHED_COLUMNS', 'INSTALL', 'MAX_NOTEBOOK_BYTES', 'MAX_PARAMS_BYTES',
+           'MAX_PARAMETER_ITEMS', 'MAX_PARAMETER_DEPTH', 'Scale', 'fraction', 'load_run', 'find_runs', 'runs_frame',
+           'count', 'flag', 'blank', 'number', 'json_object', 'read_table', 'load_histories', 'run_grid',
            'launch_torchrun', 'reported', 'summarize', 'read_published', 'comparison_table', 'run_dataset',
            'paper_figures', 'line_up', 'published_tables', 'ExperimentError', 'experiments_dir', 'params_file',
-           'experiment_names', 'find_experiment', 'results_dir', 'clone_results', 'parity_file', 'notebook_parameters',
-           'coerce_parameters', 'ParameterError', 'check_parameter', 'check_parameters', 'notebook_language',
-           'encrypted_kernel_manager', 'run_experiment']
+           'experiment_names', 'find_experiment', 'results_dir', 'clone_results', 'parity_file', 'read_notebook',
+           'check_size', 'read_parameters', 'check_kernel', 'notebook_parameters', 'coerce_parameters',
+           'ParameterError', 'check_parameter', 'check_parameters', 'notebook_language', 'encrypted_kernel_manager',
+           'run_experiment']
 
 # %% ../nbs/11_results.ipynb #de8aef43
+def fraction(v, # a metric's value as read from a file
+            ) -> bool:
+    "Whether `v` is a stored metric: null, or a finite number (not a bool) in [0, 1] (a Recall@K, NMI, F1, MAP@R ...)."
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1)
+
+_name = (lambda v: isinstance(v, str) and v != "", "a name")
+_seed = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0")
+RUN_SCHEMA = {"config": (lambda v: isinstance(v, dict), "the run's configuration"), "environment": (lambda v: isinstance(v, dict), "a mapping"),
+              "final": (lambda v: isinstance(v, dict), "the final metrics"),
+              "epochs": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(e, dict) for e in v)
+                         and isinstance(v[-1].get("epoch"), int), "the epoch records, the last with its epoch")}
+CONFIG_SCHEMA = {"method": _name, "dataset": _name, "loss": _name, "seed": _seed}
+
+def _check_metrics(run: dict, path, fix: str):
+    "Every number a run reports as a metric (its stages' and, under those names, its epochs') is a `fraction`; a `FileError` naming the first that is not."
+    from dml_book.files import FileError
+    from dml_book.registry import quote
+    sel = run.get("selected")
+    if sel is not None and not (isinstance(sel, dict) and isinstance(sel.get("epoch"), int) and isinstance(sel.get("test"), dict)):
+        raise FileError(f"{path}: its selected record is invalid: expected epoch and test metrics; {fix}")
+    for key in ("untrained", "run"):
+        if not isinstance(run.get(key, {}), dict): raise FileError(f"{path}: {key} is invalid: expected a mapping; {fix}")
+    stages = {"final": run["final"], "untrained": run.get("untrained", {}), **({"selected test": sel["test"], "selected validation": sel.get("validation") or {}} if sel else {})}
+    names = {k for m in stages.values() for k in m} | {f"val_{k}" for m in stages.values() for k in m}
+    for where, m in [*stages.items(), *((f"epoch {e.get('epoch')}", {k: v for k, v in e.items() if k in names}) for e in run["epochs"])]:
+        for k, v in m.items():
+            if isinstance(v, (int, float)) and not fraction(v):
+                raise FileError(f"{path}: {where} {k}={quote(v)} is out of range: a metric is a fraction in [0, 1]; {fix}")
+
 def load_run(folder, # a run folder (holding `metrics.json`)
             ) -> dict:
-    "The `metrics.json` of a run folder, checked for the keys the results store needs."
+    """The `metrics.json` of a run folder, read through `files.read_json` (no link, no FIFO, bounded, strict JSON) and
+    checked: the keys the results store needs, a configuration with its method, dataset, loss and seed, every metric a
+    fraction in [0, 1]. A bad file is one `FileError` naming it."""
+    from dml_book.files import read_json, check_schema
     path = Path(folder)/"metrics.json"
-    if not path.exists(): raise FileNotFoundError(f"{folder} holds no metrics.json: not a finished run")
-    try: run = json.loads(path.read_text())
-    except json.JSONDecodeError as e: raise ValueError(f"{path} is not valid JSON ({e})") from None
-    missing = [k for k in ("config", "environment", "final", "epochs") if k not in run]
-    if missing: raise ValueError(f"{path} lacks {', '.join(missing)}")
+    if not path.exists() and not path.is_symlink(): raise FileNotFoundError(f"{folder} holds no metrics.json: not a finished run")
+    fix = f"rerun the run into {folder}, or remove the folder"
+    run = read_json(path, RUN_SCHEMA, fix, max_bytes=256 << 20)
+    check_schema(run["config"], CONFIG_SCHEMA, f"{path} (its config)", fix)
+    _check_metrics(run, path, fix)
     return run
 
 def find_runs(root, # the folder to search, recursively
              ) -> list[Path]:
     """Every run folder (one holding `metrics.json`) under `root`, sorted; not the runs of a store nested inside it: a
-    study of its own (a folder with `study.json`, as `<study>/tuned/`) or a tuning's trials (`<study>/tuning/`)."""
+    study of its own (a folder with `study.json`, as `<study>/tuned/`, or a certified one with `plan.json`) or a tuning's trials (`<study>/tuning/`)."""
     root = Path(root)
     if not root.exists(): raise FileNotFoundError(f"no results folder {root}")
-    nested = lambda d: d != root and ((d/"study.json").is_file() or d.name == "tuning")
+    nested = lambda d: d != root and ((d/"study.json").is_file() or (d/"plan.json").is_file() or d.name == "tuning")   # a certified study holds plan.json
     return sorted(p.parent for p in root.rglob("metrics.json")
                   if not any(nested(d) for d in p.parent.parents if d == root or root in d.parents))
 
@@ -60,6 +95,50 @@ def runs_frame(root, # the folder to search, recursively
                           seed=cfg["seed"], stage=stage, epoch=epoch, metric=k, value=float(v), run=str(folder))
                      for k, v in metrics.items() if isinstance(v, (int, float))]
     return pd.DataFrame(rows, columns=["variant", "method", "dataset", "loss", "seed", "stage", "epoch", "metric", "value", "run"])
+
+# %% ../nbs/11_results.ipynb #a35644d3
+def count(v) -> bool: # a value of a table
+    "A whole number >= 0 (as pandas reads one: an int, or a float without a fraction)."
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v) and v >= 0 and float(v).is_integer()
+
+def flag(v) -> bool: # a value of a table
+    "True or False (as pandas reads a column of them)."
+    return isinstance(v, (bool, np.bool_))
+
+def blank(v) -> bool: # a value of a table
+    "An empty cell (pandas' NaN)."
+    return isinstance(v, float) and math.isnan(v)
+
+def number(v) -> bool: # a value of a table
+    "A finite number, not a bool."
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)
+
+def json_object(v) -> bool: # a value of a table
+    "A JSON object in text (a trial's knob values)."
+    try: return isinstance(v, str) and isinstance(json.loads(v), dict)
+    except ValueError: return False
+
+def read_table(path, # a CSV file of the store
+               columns: dict, # {column: (predicate of one value, what it expects)}; each must be there, each value pass
+               fix: str, # what to do when it is refused (the end of the message)
+               optional: dict | None = None, # {column: (predicate, what it expects)} checked where the file has them (older files lack them)
+               max_bytes: int = 64 << 20, # the largest size it may have
+              ) -> pd.DataFrame:
+    "The CSV file `path` read through `files.read_bytes` (no link, no FIFO, bounded), each of `columns` present and each value passing its check (and each of `optional` it has); one `FileError` naming the file otherwise."
+    import io
+    from dml_book.files import read_bytes, FileError
+    from dml_book.registry import quote
+    data = read_bytes(path, fix, max_bytes)
+    try: frame = pd.read_csv(io.BytesIO(data))
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:   # EmptyDataError, a ragged row, bytes that are not text
+        raise FileError(f"{path} is not a CSV table ({type(e).__name__}); {fix}") from None
+    if missing := [c for c in columns if c not in frame.columns]: raise FileError(f"{path} lacks the column(s) {', '.join(missing)}; {fix}")
+    for c, (ok, expects) in {**columns, **{k: v for k, v in (optional or {}).items() if k in frame.columns}}.items():
+        for i, v in enumerate(frame[c]):
+            try: good = bool(ok(v))
+            except Exception: good = False
+            if not good: raise FileError(f"{path}: row {i + 1}, {c}={quote(v)} is invalid: expected {expects}; {fix}")
+    return frame
 
 # %% ../nbs/11_results.ipynb #d4fa5fbb
 def load_histories(root, # the folder to search, recursively
@@ -131,8 +210,13 @@ PUBLISHED_COLUMNS = ("dataset", "method", "metric", "value", "source")
 
 def read_published(path, # a CSV of published figures
                   ) -> pd.DataFrame:
-    "A published-figures CSV, checked: the columns of `PUBLISHED_COLUMNS`, numeric percentages, a source on every row."
-    df = pd.read_csv(path)
+    "A published-figures CSV, read through `files.read_bytes` (no link, no FIFO, bounded) and checked: the columns of `PUBLISHED_COLUMNS`, numeric percentages, a source on every row."
+    import io
+    from dml_book.files import read_bytes, FileError
+    try: df = pd.read_csv(io.BytesIO(read_bytes(path, "correct the table of published figures", 16 << 20)))
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        if isinstance(e, FileError): raise
+        raise FileError(f"{path} is not a CSV table ({type(e).__name__}); correct the table of published figures") from None
     missing = [c for c in PUBLISHED_COLUMNS if c not in df.columns]
     if missing: raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}")
     if df.value.isna().any() or not pd.api.types.is_numeric_dtype(df.value) or not df.value.between(0, 100).all():
@@ -255,7 +339,7 @@ def params_file(path, # a parameter file, or the name of one shipped in `params/
                ) -> Path:
     "`path` if it exists, else the parameter file of that name shipped with the experiments (`params/NAME.yaml`)."
     p = Path(path)
-    if p.is_file(): return p
+    if p.exists() or p.is_symlink(): return p   # a FIFO or a link too: `read_parameters` refuses what it cannot read
     exp = experiments_dir()
     for folder in (exp.parents[1]/"params", exp/"params"):   # a clone's params/, the installed copy's
         if (folder/p.name).is_file(): return folder/p.name
@@ -298,21 +382,87 @@ def parity_file(name: str, # a method: ala, dcml, dmml, hdml or pads
     except ExperimentError: return None
     return f if f.is_file() else None
 
+# %% ../nbs/11_results.ipynb #7b558639
+MAX_NOTEBOOK_BYTES = 64 << 20   # an experiment notebook, its saved outputs included
+MAX_PARAMS_BYTES = 1 << 20      # a parameter file (the shipped ones are a few hundred bytes)
+MAX_PARAMETER_ITEMS, MAX_PARAMETER_DEPTH = 100_000, 32   # all the values of a run's parameters together: items, and nesting
+
+def read_notebook(path, # an experiment notebook
+                 ):
+    "The notebook at `path` (nbformat 4), read through `reads.read_text` (no FIFO, bounded), with its list of cells; one `ExperimentError` for a file that is not a notebook."
+    import nbformat
+    from dml_book.reads import read_text
+    fix = "open it in Jupyter and save it, or name another notebook"
+    text = read_text(path, fix, MAX_NOTEBOOK_BYTES, follow=True, what="notebook")
+    try: nb = nbformat.reads(text, as_version=4)
+    except Exception as e:   # not JSON, JSON of another shape
+        raise ExperimentError(f"{path} is not a Jupyter notebook ({type(e).__name__}); {fix}") from None
+    cells = nb.get("cells") if isinstance(nb, dict) else None   # the shape papermill needs (saved outputs may stray from the strict schema)
+    if not isinstance(cells, list) or not all(isinstance(c, dict) and isinstance(c.get("source"), str) and isinstance(c.get("metadata", {}), dict) for c in cells):
+        raise ExperimentError(f"{path} is not a Jupyter notebook (no list of cells with their source); {fix}")
+    return nb
+
+def check_size(value, # parameters (a mapping of names to values)
+               what: str, # where they come from, for the message
+              ):
+    "Refuse (`ExperimentError`) values nested deeper than `MAX_PARAMETER_DEPTH` or holding more than `MAX_PARAMETER_ITEMS` items in all, without expanding them."
+    stack, n = [(value, 0)], 0
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_PARAMETER_DEPTH: raise ExperimentError(f"{what} nests deeper than {MAX_PARAMETER_DEPTH} levels: an experiment's parameters are flat values and short lists")
+        items = [x for kv in v.items() for x in kv] if isinstance(v, dict) else v if isinstance(v, (list, tuple, set)) else ()
+        n += 1 + len(items)
+        if n > MAX_PARAMETER_ITEMS or isinstance(v, (str, bytes)) and len(v) > MAX_PARAMS_BYTES:
+            raise ExperimentError(f"{what} holds more than {MAX_PARAMETER_ITEMS} items: an experiment's parameters are flat values and short lists")
+        stack += [(x, depth + 1) for x in items]
+
+def read_parameters(path, # a YAML parameter file, or the name of one shipped in `params/`
+                   ) -> dict:
+    "The overrides a parameter file holds: read through `reads.read_text` (no FIFO, bounded), parsed by YAML's safe loader, a mapping of names to values (`check_size`); one `ExperimentError` otherwise."
+    import yaml
+    from dml_book.reads import read_text
+    p = params_file(path); fix = "write it as `name: value` lines of YAML, as the files in params/ are"
+    text = read_text(p, fix, MAX_PARAMS_BYTES, follow=True, what="parameter file")
+    try: given = yaml.safe_load(text)
+    except yaml.YAMLError as e:   # bad syntax, a Python tag the safe loader has no constructor for
+        mark = getattr(e, "problem_mark", None)
+        raise ExperimentError(f"parameter file {p} is not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}"
+                              f"{f' at line {mark.line + 1}' if mark else ''}); {fix}") from None
+    except RecursionError: raise ExperimentError(f"parameter file {p} nests too deep to read; {fix}") from None
+    if given is None: return {}
+    if not isinstance(given, dict) or not all(isinstance(k, str) for k in given):
+        raise ExperimentError(f"parameter file {p} holds a {type(given).__name__}, not a mapping of parameter names to values; {fix}")
+    check_size(given, f"parameter file {p}")
+    return given
+
+def check_kernel(kernel: str, # a Jupyter kernel's name
+                ) -> str:
+    "`kernel` if Jupyter has a kernel of that name installed; an `ExperimentError` listing those it has otherwise."
+    from jupyter_client.kernelspec import KernelSpecManager
+    check_choice("kernel", kernel, sorted(KernelSpecManager().find_kernel_specs()), ExperimentError)
+    return kernel
+
 # %% ../nbs/11_results.ipynb #327b9f5c
 def notebook_parameters(path, # an experiment notebook
                         kernel: str = "python3", # the kernel papermill inspects it with
                        ) -> dict[str, dict]:
     "The parameters a notebook declares in its one `parameters` cell: name -> {inferred_type_name, default, help}."
-    import ast, nbformat
-    cells = [c for c in nbformat.read(str(path), as_version=4).cells if "parameters" in c.metadata.get("tags", [])]
+    import ast
+    cells = [c for c in read_notebook(path).cells if "parameters" in c.metadata.get("tags", [])]
     if len(cells) != 1: raise ExperimentError(f"{path} has {len(cells)} cells tagged 'parameters' (it needs exactly one)")
     lines, out = cells[0].source.splitlines(), {}
-    for node in ast.parse(cells[0].source).body:   # the defaults as values (papermill's inspection gives their source text)
+    try: body = ast.parse(cells[0].source).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        where = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise ExperimentError(f"{path}: its parameters cell is not valid Python ({getattr(e, 'msg', None) or type(e).__name__}{where}); fix the cell in Jupyter") from None
+    for node in body:   # the defaults as values (papermill's inspection gives their source text)
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             comment, kind = lines[node.lineno - 1].partition("#")[2].strip(), ast.unparse(node.annotation)
             if kind.startswith("Optional[") and kind.endswith("]"): kind = f"{kind[9:-1]} | None"
-            out[node.target.id] = dict(inferred_type_name=kind,
-                                       default=ast.literal_eval(node.value) if node.value else None, help=comment)
+            try: default = ast.literal_eval(node.value) if node.value else None
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                raise ExperimentError(f"{path}: the default of parameter {node.target.id} is not a literal value (line {node.lineno} of its parameters cell)") from None
+            out[node.target.id] = dict(inferred_type_name=kind, default=default, help=comment)
     return out
 
 def coerce_parameters(declared: dict[str, dict], # `notebook_parameters` of the notebook
@@ -320,12 +470,15 @@ def coerce_parameters(declared: dict[str, dict], # `notebook_parameters` of the 
                      ) -> dict:
     "Given values (strings from a command line, or typed from YAML) converted to the declared types; unknown names are errors."
     import yaml
+    from dml_book.registry import quote
     unknown = [k for k in given if k not in declared]
     if unknown: raise ExperimentError(f"unknown parameter(s) {', '.join(unknown)}; this notebook takes: {', '.join(declared)}")
     out = {}
     for k, v in given.items():
         kind = declared[k].get("inferred_type_name", "None").replace(" ", "")
-        if isinstance(v, str) and (not kind.startswith("str") or ("None" in kind and v in ("null", "None", "~"))): v = yaml.safe_load(v)
+        if isinstance(v, str) and (not kind.startswith("str") or ("None" in kind and v in ("null", "None", "~"))):
+            try: v = yaml.safe_load(v)
+            except (yaml.YAMLError, RecursionError): raise ExperimentError(f"parameter {k}: {quote(v)} is not a value YAML can read (declared {kind})") from None
         if kind.startswith("float") and isinstance(v, int) and not isinstance(v, bool): v = float(v)
         out[k] = v
     return out
@@ -405,13 +558,12 @@ def notebook_language(path, # an experiment notebook
                       kernel: str, # the kernel it executes with
                      ) -> str:
     "The notebook's language (its kernelspec or language_info); a notebook that names none runs as Python on a Python kernel, else a clear error."
-    import nbformat
-    meta = nbformat.read(str(path), as_version=4).metadata
+    meta = read_notebook(path).metadata
     language = meta.get("kernelspec", {}).get("language") or meta.get("language_info", {}).get("name")
     if language: return language
     if kernel.startswith("python"): return "python"
     raise ExperimentError(f"{path} names no language (no kernelspec in its metadata) and kernel {kernel!r} is not Python: "
-                          f"open and save it in Jupyter with its kernel, or run it with -k python3")
+                          f"open and save it in Jupyter with its kernel, or run it with --kernel python3")
 
 def encrypted_kernel_manager():
     """The kernel manager papermill starts the notebook's kernel with: one that hands the kernel CurveZMQ keys, so that
@@ -430,16 +582,16 @@ def run_experiment(name: str, # an experiment in nbs/experiments (or a path to a
                    kernel: str = "python3", # Jupyter kernel to execute with
                    progress: bool = True) -> Path: # show papermill's progress bar
     "Execute an experiment notebook with papermill; the path of the executed notebook, saved beside the results (a failed one: `<name>.failed.ipynb`)."
-    import papermill as pm, yaml
-    path = find_experiment(name)
+    import papermill as pm
+    path = find_experiment(name); check_kernel(kernel)   # all of it checked before a kernel starts
     declared = notebook_parameters(path, kernel)
     if "out_dir" not in declared: raise ExperimentError(f"{path} declares no out_dir parameter (a parameter is an annotated line of its "
                                                        f"'parameters' cell, as `out_dir: str = \"results/x\"`)")
     language = notebook_language(path, kernel)
-    given = dict(yaml.safe_load(params_file(param_file).read_text()) or {}) if param_file else {}
+    given = read_parameters(param_file) if param_file else {}
     given.update(parameters or {})
     if out_dir is not None: given["out_dir"] = out_dir
-    params = coerce_parameters(declared, given)
+    params = coerce_parameters(declared, given); check_size(params, "the parameters")
     out = Path(params.get("out_dir", declared["out_dir"]["default"])).resolve()
     params["out_dir"] = str(out); out.mkdir(parents=True, exist_ok=True)
     executed, part = out/f"{path.stem}.ipynb", out/f".{path.stem}.{os.getpid()}.ipynb"   # written beside the previous one, swapped in when whole

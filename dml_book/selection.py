@@ -6,34 +6,60 @@ Docs: https://dml-book.github.io/dml_book/selection.html.md"""
 
 # %% ../nbs/11g_selection.ipynb #8e882c6d
 from __future__ import annotations
-import json
+import json, os
 from dataclasses import replace
 from pathlib import Path
-import pandas as pd
-from .study import DIVERGED, ACTIVE_SHARE
+import numpy as np, pandas as pd
+from .study import DIVERGED, ACTIVE_SHARE, check_mechanism, run_record, read_design
+from .results import read_table, count, flag, blank, number, fraction, json_object
 from .study_design import StudyError, _threads, _relative_paths
 from .tune import ACTIVE
 from .findings import INFEASIBLE
 
 # %% auto #0
-__all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'DEVICE_FOLDER', 'DATA_FIELDS', 'candidates', 'selection_folder',
+__all__ = ['SELECTION_CANDIDATES', 'SELECTION_SEEDS', 'SELECTION_COLUMNS', 'SELECTION_OPTIONAL', 'DEVICE_FOLDER',
+           'DEVICE_COLUMNS', 'DATA_FIELDS', 'COST_SCHEMA', 'is_feasible', 'candidates', 'selection_folder',
            'decided_folder', 'candidate_config', 'selection_plan', 'run_selection', 'selection_frame', 'pick', 'regret',
-           'write_selection', 'picked_values', 'short_rung_check', 'device_kind', 'this_device', 'trial_devices',
-           'rerun_plan', 'device_frame', 'device_agreement', 'run_reruns', 'arm_trials', 'data_knob', 'check_symmetric',
-           'active_tuning', 'active_study', 'reject_tuned_away', 'active_swap_study', 'decide_swaps', 'swap_table',
-           'swap_sentence', 'write_infeasible', 'study_cost', 'active_progress', 'show_active', 'cost_text']
+           'write_selection', 'read_selection', 'picked_values', 'short_rung_check', 'device_kind', 'this_device',
+           'trial_devices', 'rerun_plan', 'device_frame', 'read_devices', 'device_agreement', 'run_reruns',
+           'arm_trials', 'data_knob', 'check_symmetric', 'active_tuning', 'active_study', 'reject_tuned_away',
+           'active_swap_study', 'decide_swaps', 'swap_table', 'swap_sentence', 'write_infeasible', 'study_cost',
+           'active_progress', 'show_active', 'read_cost', 'cost_text']
 
 # %% ../nbs/11g_selection.ipynb #4294b004
 SELECTION_CANDIDATES = 3   # settings of each arm that reach the study's full schedule
 SELECTION_SEEDS = (0, 1)   # the seeds each candidate trains at full length (validation classes only)
 
+def _true(v) -> bool:
+    "Whether a flag read from a table is true: a bool, or 1.0 where pandas joined a column of flags with one of NaN; NaN never."
+    if isinstance(v, (bool, np.bool_)): return bool(v)
+    return isinstance(v, (int, float, np.integer, np.floating)) and v == 1
+
+def is_feasible(trials: pd.DataFrame, # one arm's trials (`read_trials`)
+                constrained: bool | None = None, # whether the arm was searched under its criterion (None: where any trial records feasibility)
+               ) -> pd.Series:
+    """Per trial, whether it may be a candidate: every trial of an arm searched without a criterion; of a constrained arm,
+    only one that records `feasible` true and a finite criterion value. A missing or NaN record is never feasible."""
+    import math
+    has = trials.feasible.map(lambda f: not pd.isna(f)) if "feasible" in trials else pd.Series(False, index=trials.index)
+    if constrained is None: constrained = bool(has.any())
+    if not constrained: return pd.Series(True, index=trials.index)
+    if "feasible" not in trials: return pd.Series(False, index=trials.index)
+    ok = trials.feasible.map(_true)
+    if "criterion_value" in trials: ok &= trials.criterion_value.map(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+    return ok
+
 def candidates(trials: pd.DataFrame, # one arm's trials (`read_trials`): number, state, val_R1, params, counted[, feasible]
                n: int = SELECTION_CANDIDATES, # how many
+               constrained: bool | None = None, # the arm searched under its criterion (`is_feasible`)
               ) -> pd.DataFrame:
-    "The arm's `n` best counted trials by validation R@1 (the earlier on a tie); only feasible ones where the trials say."
-    done = trials[trials.counted] if "counted" in trials else trials[trials.state == "COMPLETE"]
-    if "feasible" in done: done = done[done.feasible.map(lambda f: True if pd.isna(f) else bool(f))]   # empty: a trial searched without a criterion
-    return done.sort_values(["val_R1", "number"], ascending=[False, True]).head(n)
+    "The arm's `n` best counted trials by validation R@1 (the earlier on a tie); only feasible ones (`is_feasible`)."
+    done = trials[trials.counted.map(_true)] if "counted" in trials else trials[trials.state == "COMPLETE"]
+    return done[is_feasible(done, constrained)].sort_values(["val_R1", "number"], ascending=[False, True]).head(n)
+
+def _constrained(tuning, arm: str) -> bool | None:
+    "True for an arm the tuning searched under its criterion, else None (the trials say)."
+    return True if arm in getattr(tuning, "constrained", ()) else None
 
 # %% ../nbs/11g_selection.ipynb #f1c11c56
 def selection_folder(results, # the results store
@@ -70,7 +96,7 @@ def selection_plan(tuning, # the `Tuning`
     "Every candidate run of the arm: (trial number, seed, configuration), finished or not."
     root = selection_folder(results, tuning, arm)
     return [(int(t.number), s, candidate_config(tuning, arm, json.loads(t.params), s, root/f"trial{int(t.number)}"/f"seed{s}"))
-            for t in candidates(trials, n).itertuples() for s in seeds]
+            for t in candidates(trials, n, _constrained(tuning, arm)).itertuples() for s in seeds]
 
 # %% ../nbs/11g_selection.ipynb #62f4254d
 def _run_or_diverge(cfg, threads: int, results: Path) -> dict | None:
@@ -80,7 +106,9 @@ def _run_or_diverge(cfg, threads: int, results: Path) -> dict | None:
     try: return run_trial(cfg, threads, results)
     except TrainingDiverged: return None
 
-def _finished(cfg) -> bool: return any((Path(cfg.out)/f).is_file() for f in ("metrics.json", DIVERGED))
+def _finished(cfg) -> bool:
+    "Whether the run is whole: its record (`metrics.json`, or `diverged.json`) and `run.json`, which `run_trial` writes last (a run killed between the two trains again, counted once)."
+    return (Path(cfg.out)/"run.json").is_file() and any((Path(cfg.out)/f).is_file() for f in ("metrics.json", DIVERGED))
 
 def _said(final: dict | None) -> str: return "diverged" if final is None else f"validation R@1 {100 * final['val_R@1']:.2f}"
 
@@ -103,19 +131,19 @@ def _trial_is_run(tuning, arm: str, trial, cfg, results, log=print) -> bool:
     """Where the candidate's run is its trial's own (the same configuration, length and seed, trained here on this kind of
     device: the pretrained regime, whose trials run its whole schedule at seed 0), copy the trial's record instead of
     training it again: `metrics.json`, and a `run.json` that names the trial and costs nothing. Whether it did."""
-    import shutil
-    from dml_book.files import make_folder, write_json
+    from dml_book.files import make_folder, write_json, write_bytes, read_bytes
     from dml_book.study_design import _same_config
     root = Path(results)/tuning.study.name/"tuning"/arm
     first = int(trial.retry_of) if pd.notna(getattr(trial, "retry_of", float("nan"))) else int(trial.number)
     for src in (root/DEVICE_FOLDER/f"trial{int(trial.number)}", root/f"trial{first}"):   # trained again here first
         m, r = src/"metrics.json", src/"run.json"
         if not (m.is_file() and r.is_file()): continue
-        device = json.loads(r.read_text()).get("device", "cpu")
+        device = run_record(src).get("device") or "cpu"
         if device_kind(device) != this_device(): continue
         if not _same_config(m, cfg): return False
         out = make_folder(cfg.out, results, "remove it, or select into another results store")
-        shutil.copyfile(m, out/"metrics.json"); _relative_paths(out, Path(results), cfg.weights_path)
+        write_bytes(out/"metrics.json", read_bytes(m, f"rerun trial {src}", 256 << 20))   # whole or absent: a copy cut short is never read
+        _relative_paths(out, Path(results), cfg.weights_path)
         write_json(out/"run.json", dict(cpu_seconds=0.0, wall_seconds=0.0, device=device,
                                         copied_from=str(src.relative_to(Path(results))), threads=0))
         log(f"{tuning.study.name}/{arm}: candidate trial{int(trial.number)} seed{cfg.seed} is the trial itself: copied, not trained again")
@@ -144,7 +172,6 @@ def run_selection(tuning, # the `Tuning`
 # %% ../nbs/11g_selection.ipynb #0b409fee
 _CANDIDATE_SCHEMA = {"final": (lambda v: isinstance(v, dict) and isinstance(v.get("val_R@1"), (int, float)) and 0 <= v["val_R@1"] <= 1,
                                  "the final validation R@1, a number in [0, 1]")}
-_MECHANISM = lambda v: isinstance(v, dict) and isinstance(v.get("active"), bool) and isinstance(v.get("value"), (int, float))
 
 def _run_record(folder: Path) -> dict | None:
     "A finished candidate run's validation R@1 and mechanism record (None: none), read through the schema layer; `diverged` (why) for one that diverged; None if unfinished."
@@ -153,7 +180,9 @@ def _run_record(folder: Path) -> dict | None:
     if (folder/DIVERGED).is_file(): return dict(val_R1=None, mechanism=None, diverged=read_json(folder/DIVERGED, {"diverged": (lambda v: isinstance(v, str), "the reason")}, fix)["diverged"])
     if not (f.exists() or f.is_symlink()): return None
     m = read_json(f, _CANDIDATE_SCHEMA, fix, max_bytes=64 << 20); mech = m.get("mechanism")
-    if mech is not None and not _MECHANISM(mech): raise FileError(f"{f}: its mechanism record is invalid: expected criterion, value, threshold, active; {fix}")
+    if mech is not None:
+        check_mechanism(mech, f, fix)
+        if mech["value"] is None: raise FileError(f"{f}: its mechanism record has no value, so its criterion cannot be judged; {fix}")
     return dict(val_R1=m["final"]["val_R@1"], mechanism=mech)
 
 def selection_frame(tuning, # the `Tuning`
@@ -170,7 +199,7 @@ def selection_frame(tuning, # the `Tuning`
     if trials is None: trials = arm_trials(tuning, arm, results)
     judged = arm != getattr(tuning.study, "baseline", "baseline") if judged is None else judged
     root, rows = selection_folder(results, tuning, arm), []
-    for t in candidates(trials, n).itertuples():
+    for t in candidates(trials, n, _constrained(tuning, arm)).itertuples():   # the same candidates as `selection_plan` trains
         runs = [(s, r) for s in seeds if (r := _run_record(root/f"trial{int(t.number)}"/f"seed{s}")) is not None]
         gone, runs = [s for s, r in runs if r.get("diverged")], [(s, r) for s, r in runs if not r.get("diverged")]
         if judged and (old := [s for s, r in runs if r["mechanism"] is None]):
@@ -193,8 +222,9 @@ def pick(frame: pd.DataFrame, # `selection_frame` rows without `picked`
         ) -> pd.DataFrame:
     "Mark the pick once every candidate has all its seeds: the highest full-schedule validation R@1 among those whose criterion held (or that have none), no seed diverged and no decision set aside."
     if not len(frame) or (frame.seeds < seeds).any(): return frame.assign(picked=False)   # the selection is not finished
-    ok = frame.active.map(lambda a: a is None or bool(a)) & (frame.diverged == 0 if "diverged" in frame else True)
-    if "rejected" in frame: ok &= ~frame.rejected.astype(bool)
+    ok = frame.active.map(lambda a: a is None or (isinstance(a, (bool, np.bool_)) and bool(a)))   # NaN, or anything else, never held
+    ok &= frame.diverged.map(lambda k: k == 0) if "diverged" in frame else True
+    if "rejected" in frame: ok &= frame.rejected.map(lambda r: isinstance(r, (bool, np.bool_)) and not bool(r))
     best = frame[ok].sort_values(["val_R1", "short_val_R1"], ascending=False).candidate.head(1).tolist()
     return frame.assign(picked=frame.candidate.isin(best))
 
@@ -215,14 +245,33 @@ def write_selection(tuning, # the `Tuning`
     write_text(selection_folder(results, tuning, arm).with_name("selection.csv"), frame.to_csv(index=False))
     return frame
 
+_POINTS = (lambda v: blank(v) or number(v) and 0 <= v <= 100, "empty or points in [0, 100]")
+SELECTION_COLUMNS = {"candidate": (count, "a trial number"), "picked": (flag, "true or false"), "params": (json_object, "the knob values (a JSON object)")}
+SELECTION_OPTIONAL = {"seeds": (count, "a count"), "diverged": (count, "a count"), "epochs": (count, "a count"),
+                      "short_val_R1": _POINTS, "val_R1": _POINTS, "active": (lambda v: blank(v) or flag(v), "empty or true or false"),
+                      "criterion_value": (lambda v: blank(v) or number(v), "empty or a number"), "rejected": (lambda v: blank(v) or flag(v), "empty or true or false")}
+
+def read_selection(path, # an arm's `selection.csv`
+                   need: tuple = (), # further columns the reader uses (of `SELECTION_OPTIONAL`)
+                  ) -> pd.DataFrame:
+    "A stored `selection.csv` through `results.read_table`: the columns it must have, each value checked, at most one pick; one `FileError` naming it otherwise."
+    from dml_book.files import FileError
+    fix = "delete it: `dml-book tune --active` writes it again from the candidates' runs"
+    frame = read_table(path, {**SELECTION_COLUMNS, **{c: SELECTION_OPTIONAL[c] for c in need}}, fix, optional=SELECTION_OPTIONAL)
+    if frame.picked.sum() > 1: raise FileError(f"{path} marks {int(frame.picked.sum())} candidates as picked (at most one is); {fix}")
+    held = lambda a: blank(a) or (flag(a) and bool(a))   # a pick's criterion held, or it has none (the baseline)
+    if "active" in frame and frame.picked.any() and not held(a := frame.loc[frame.picked, "active"].iloc[0]):
+        raise FileError(f"{path}: its pick's criterion did not hold (active={a}); {fix}")
+    return frame
+
 def picked_values(tuning, # the `Tuning`
                   arm: str, # the arm
                   results, # the results store
                  ) -> dict:
     "The knob values of the arm's pick (its stored `selection.csv`); a clear error where there is none."
     f = selection_folder(results, tuning, arm).with_name("selection.csv")
-    if not f.is_file(): raise StudyError(f"{tuning.study.name}/{arm}: no selection stored; run `run_selection` and `write_selection` first")
-    frame = pd.read_csv(f)
+    if not f.exists() and not f.is_symlink(): raise StudyError(f"{tuning.study.name}/{arm}: no selection stored; run `run_selection` and `write_selection` first")
+    frame = read_selection(f)
     if not frame.picked.any(): raise StudyError(f"{tuning.study.name}/{arm}: no candidate was picked (none finished with its mechanism at work)")
     return json.loads(frame.loc[frame.picked, "params"].iloc[0])
 
@@ -234,7 +283,7 @@ def short_rung_check(results=None, # the results store (None: `results_dir()`)
     from dml_book.results import results_dir
     root, rows = Path(results_dir() if results is None else results), []
     for f in sorted(root.glob("**/tuning/*/selection.csv")):
-        frame = pd.read_csv(f)
+        frame = read_selection(f, ("short_val_R1", "val_R1"))
         if not frame.picked.any(): continue   # unfinished
         lrs = pd.DataFrame([json.loads(p) for p in frame.params])
         spread = max((lrs[c].max() / lrs[c].min() for c in ("lr_backbone", "lr_head") if c in lrs), default=float("nan"))
@@ -265,8 +314,8 @@ def trial_devices(tuning, # the `Tuning`
     root, out = Path(results)/tuning.study.name/"tuning"/arm, {}
     for t in counted(trials).itertuples():
         first = int(t.retry_of) if pd.notna(getattr(t, "retry_of", float("nan"))) else int(t.number)
-        f = root/f"trial{first}"/"run.json"
-        out[int(t.number)] = device_kind(json.loads(f.read_text()).get("device", "cpu")) if f.is_file() else None
+        r = run_record(root/f"trial{first}")
+        out[int(t.number)] = None if r is None else device_kind(r.get("device") or "cpu")
     return out
 
 def rerun_plan(tuning, # the `Tuning`
@@ -292,11 +341,21 @@ def device_frame(tuning, # the `Tuning`
     from dml_book.tuning_report import counted
     devices, root, rows = trial_devices(tuning, arm, results, trials), Path(results)/tuning.study.name/"tuning"/arm/DEVICE_FOLDER, []
     for t in counted(trials).itertuples():
-        r, f = _run_record(root/f"trial{int(t.number)}"), root/f"trial{int(t.number)}"/"run.json"
+        r, rec = _run_record(root/f"trial{int(t.number)}"), run_record(root/f"trial{int(t.number)}")
         rows.append(dict(number=int(t.number), device=devices[int(t.number)], val_R1=t.val_R1,
-                         rerun_device=device_kind(json.loads(f.read_text())["device"]) if r is not None and f.is_file() else None,
+                         rerun_device=device_kind(rec.get("device") or "cpu") if r is not None and rec is not None else None,
                          rerun_val_R1=float("nan") if r is None else 0.0 if r.get("diverged") else r["val_R1"], params=t.params))
     return pd.DataFrame(rows)
+
+_FRACTION = (lambda v: blank(v) or fraction(v), "empty or a fraction in [0, 1]")
+DEVICE_COLUMNS = {"number": (count, "a trial number"), "device": (lambda v: blank(v) or isinstance(v, str), "empty or a device"), "val_R1": _FRACTION,
+                  "rerun_device": (lambda v: blank(v) or isinstance(v, str), "empty or a device"), "rerun_val_R1": _FRACTION}
+
+def read_devices(path, # an arm's `device.csv`
+                 need: tuple = tuple(DEVICE_COLUMNS), # the columns the reader uses (of `DEVICE_COLUMNS`)
+                ) -> pd.DataFrame:
+    "A stored `device.csv` (`device_frame`) through `results.read_table`, the columns `need` names present, every column checked; one `FileError` naming it otherwise."
+    return read_table(path, {c: DEVICE_COLUMNS[c] for c in need}, "delete it: `run_reruns` writes it again from the re-runs", optional=DEVICE_COLUMNS)
 
 def device_agreement(frame: pd.DataFrame, # `device_frame`, every re-run finished
                      n: int = SELECTION_CANDIDATES, # the leaders compared
@@ -336,8 +395,8 @@ def arm_trials(tuning, # the `Tuning`
     from dml_book.tuning_report import read_trials
     if trials is None: trials = read_trials(results, tuning.study.name, [arm])
     f = Path(results)/tuning.study.name/"tuning"/arm/"device.csv"
-    if not f.is_file(): return trials
-    again = pd.read_csv(f).set_index("number").rerun_val_R1
+    if not f.exists() and not f.is_symlink(): return trials
+    again = read_devices(f, ("number", "rerun_val_R1")).set_index("number").rerun_val_R1
     if again.isna().any(): raise StudyError(f"{f}: trial {int(again[again.isna()].index[0])} has no value on the selection's device; run `run_reruns` again")
     return trials.assign(trial_device_val_R1=trials.val_R1, val_R1=trials.number.map(again))
 
@@ -415,8 +474,9 @@ def reject_tuned_away(tuning, # an `active_tuning` whose study at the picks is d
     s = active_study(tuning, results); method, arm = s.main[0], tuning.study.main[0]
     table = mechanism_table(Path(results)/s.name, method, logs=False)
     if mechanism_at_work(table) is not False: return None
-    sel = pd.read_csv(selection_folder(results, tuning, arm).with_name("selection.csv"))
-    k = int(sel[sel.picked.astype(bool)].candidate.iloc[0]); dest = decided_folder(results, tuning, arm)/f"trial{k}"
+    sel = read_selection(selection_folder(results, tuning, arm).with_name("selection.csv"))
+    if not sel.picked.any(): raise StudyError(f"{tuning.study.name}/{arm}: its selection.csv holds no pick to set aside; run `write_selection` again")
+    k = int(sel[sel.picked].candidate.iloc[0]); dest = decided_folder(results, tuning, arm)/f"trial{k}"
     if dest.exists(): raise FileError(f"{dest} exists: candidate {k}'s decision was set aside before; remove it or {Path(results)/s.name/method}")
     make_folder(dest.parent, results, "remove the link, or decide into another results store")
     os.replace(Path(results)/s.name/method, dest)   # one rename: the seeds are in one place or the other
@@ -441,13 +501,22 @@ def active_swap_study(tuning, # an `active_tuning`
     return replace(s, name=f"{t.name}/tuned-active-swap", arms=arms, declared=declared, labels=labels, main=(method,))
 
 # %% ../nbs/11g_selection.ipynb #4714c2a5
+def _copy_error(src: Path, dst: Path, e: OSError):
+    "A failed `copytree` in one line: no space left, or the first file's reason (`shutil.Error` gathers one per file)."
+    import errno, shutil
+    from dml_book.files import FileError
+    errs = e.args[0] if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) else []   # (src, dst, why) per file
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT) or any("No space left" in str(x) for x in errs)
+    why = "no space was left on the device" if full else (e.strerror or (str(errs[0][2]) if errs else str(e)))
+    return FileError(f"cannot copy {src} to {dst}: {why}; the seeds copied so far are whole, and the same command copies the rest")
+
 def decide_swaps(tuning, # an `active_tuning` whose study at the picks is decided
                  results, # the results store
                  jobs: int = 1, # runs side by side
                  log=print, # where each finished run's line goes
                 ) -> pd.DataFrame:
     "Train `active_swap_study` at the paired seeds of `<study>/tuned-active` (finished in both arms), its two decided arms copied from there; its frame."
-    import shutil
+    import shutil, secrets
     from dml_book.files import make_folder
     from dml_book.study_design import run_study
     swap, src = active_swap_study(tuning, results), Path(results)/tuning.study.name/"tuned-active"
@@ -456,8 +525,15 @@ def decide_swaps(tuning, # an `active_tuning` whose study at the picks is decide
     if not seeds: raise StudyError(f"{src} holds no seed finished in both {swap.baseline} and {swap.main[0]}: decide the study at the picks first")
     for arm in (swap.baseline, *swap.main):
         for k in seeds:
-            if (src/arm/f"seed{k}"/"metrics.json").is_file() and not (dst := Path(results)/swap.name/arm/f"seed{k}").exists():
-                make_folder(dst.parent, results); shutil.copytree(src/arm/f"seed{k}", dst)
+            dst = Path(results)/swap.name/arm/f"seed{k}"
+            for left in dst.parent.glob(f".seed{k}.*.copy"): shutil.rmtree(left)   # a copy an earlier call did not finish
+            if (src/arm/f"seed{k}"/"metrics.json").is_file() and not dst.exists():
+                tmp = make_folder(dst.parent, results)/f".seed{k}.{secrets.token_hex(4)}.copy"
+                try: shutil.copytree(src/arm/f"seed{k}", tmp); os.replace(tmp, dst)   # whole or absent: a kill, Ctrl-C or full disk leaves no half seed
+                except BaseException as e:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    if isinstance(e, OSError): raise _copy_error(src/arm/f"seed{k}", dst, e) from None
+                    raise
     return run_study(swap, results, jobs=jobs, seeds={a: seeds for a in swap.arms}, log=log)
 
 # %% ../nbs/11g_selection.ipynb #bf2e64e7
@@ -471,13 +547,13 @@ def swap_table(name: str, # a study with a search space
     from dml_book.findings import REGIMES
     folder = (results_dir() if root is None else Path(root))/REGIMES[regime].format(method=name)/"tuned-active-swap"
     if not (folder/"study.json").is_file(): return None
-    design, m = json.loads((folder/"study.json").read_text()), name.upper()
+    design, m = read_design(folder), name.upper()
     try: frame = study_frame(folder, **design.get("primary", {}))
     except ValueError: return None
     rows = []
     labels = {name: f"{m} at its pick", f"{name}-baseline-shared": f"{m} at the baseline's knobs", f"baseline-{name}-shared": f"the baseline at {m}'s knobs"}
     for a, label in labels.items():
-        try: p = paired_difference(frame, a, design["baseline"])
+        try: p = paired_difference(frame, a, design.get("baseline", "baseline"))
         except ValueError: continue   # not stored yet, or one seed
         rows.append(dict(arm=label, diff=100 * p["mean"], low=100 * p["low"], high=100 * p["high"], seeds=p["n"]))
     return pd.DataFrame(rows) if rows else None
@@ -517,7 +593,7 @@ def write_infeasible(tuning, # an `active_tuning`
     from dml_book.files import write_json
     from dml_book.tuning_report import read_trials
     arm = tuning.study.main[0]; trials = read_trials(results, tuning.study.name); trials = trials[trials.arm == arm]
-    done = trials[trials.counted]; feasible = done[done.feasible.fillna(False).astype(bool)] if "feasible" in done else done.iloc[:0]
+    done = trials[trials.counted]; feasible = done[is_feasible(done, True)]
     sel = selection_frame(tuning, arm, results, trials) if len(feasible) else None
     f = selection_folder(results, tuning, arm).with_name(INFEASIBLE)
     if sel is not None and sel.picked.any():
@@ -539,9 +615,11 @@ def write_infeasible(tuning, # an `active_tuning`
 def _minutes(files) -> dict:
     "Process minutes by device kind ('cpu', 'cuda') over `run.json` files."
     out = {}
+    from dml_book.files import FileError
     for f in files:
-        r = json.loads(Path(f).read_text()); kind = device_kind(r.get("device", "cpu"))
-        out[kind] = round(out.get(kind, 0.0) + r.get("cpu_seconds", 0.0) / 60, 1)
+        r = run_record(Path(f).parent); kind = device_kind(r.get("device") or "cpu")
+        if r.get("cpu_seconds") is None: raise FileError(f"{f} records no cpu_seconds, so the cost cannot be summed; rerun the run into {Path(f).parent}")
+        out[kind] = round(out.get(kind, 0.0) + r["cpu_seconds"] / 60, 1)
     return out
 
 def study_cost(tuning, # an `active_tuning`
@@ -570,7 +648,7 @@ def active_progress(tuning, # an `active_tuning`
     for arm in tuning.spaces:
         mine = trials[trials.arm == arm] if trials is not None else pd.DataFrame(columns=["counted", "state"])
         done = mine[mine.counted.astype(bool)] if len(mine) else mine
-        feasible = int(done.feasible.fillna(False).astype(bool).sum()) if arm in tuning.constrained and "feasible" in done else None
+        feasible = int(is_feasible(done, True).sum()) if arm in tuning.constrained else None
         sel = selection_frame(tuning, arm, results, arm_trials(tuning, arm, results, mine)) if len(done) else None
         whole = None if sel is None else int((sel.seeds == len(SELECTION_SEEDS)).sum())
         best = sel[sel.picked] if sel is not None else None
@@ -588,6 +666,7 @@ def show_active(name: str, # a study with a search space
     "Print the study's tuning with the mechanism at work: the method's search, each arm's selection, the verdict, the cost."
     from dml_book.results import results_dir
     from dml_book.findings import finding, finding_text, MECHANISM_AT_WORK
+    from dml_book.files import read_json
     root = results_dir() if root is None else Path(root); t = active_tuning(name, regime); arm = t.study.main[0]
     from dml_book.tune import tuning_spec
     dropped = [k.field for k in tuning_spec(name).spaces[name] if k.field not in {j.field for j in t.spaces[arm]}]
@@ -597,22 +676,34 @@ def show_active(name: str, # a study with a search space
     with pd.option_context("display.width", 200): print(active_progress(t, root).to_string())
     for a in t.spaces:
         f = selection_folder(root, t, a).with_name("selection.csv")
-        if (d := f.with_name("device.csv")).is_file():
-            frame = pd.read_csv(d); ag = device_agreement(frame)
+        if (d := f.with_name("device.csv")).exists() or d.is_symlink():
+            frame = read_devices(d); ag = device_agreement(frame)
             print(f"\n{a}: its {ag['trials']} trials ran on {', '.join(sorted(set(frame.device.dropna())))} and again on {', '.join(sorted(set(frame.rerun_device.dropna())))}: "
                   f"Spearman's rho {ag['spearman']:.2f}; the same {SELECTION_CANDIDATES} trials lead on both: {'yes' if ag['same_leaders'] else 'no'} "
                   f"(the candidates are the leaders on the selection's device)")
-        if f.is_file(): print(f"\n{a}: candidates at the full schedule (validation R@1, points)\n" + pd.read_csv(f).drop(columns="params").to_string(index=False))
+        if f.exists() or f.is_symlink(): print(f"\n{a}: candidates at the full schedule (validation R@1, points)\n" + read_selection(f).drop(columns="params").to_string(index=False))
     cost = root/t.study.name/"tuned-active"/"cost.json"
-    if (f := selection_folder(root, t, arm).with_name(INFEASIBLE)).is_file():
-        print(f"\nNo setting kept {name.upper()}'s mechanism at work: {json.loads(f.read_text())['why']}; nothing to decide.")
-        if cost.is_file(): print(cost_text(json.loads(cost.read_text())))
+    if (f := selection_folder(root, t, arm).with_name(INFEASIBLE)).exists() or f.is_symlink():
+        why = read_json(f, {"why": (lambda v: isinstance(v, str), "the reason")}, f"delete it and run `dml-book tune {name} --active` again")["why"]
+        print(f"\nNo setting kept {name.upper()}'s mechanism at work: {why}; nothing to decide.")
+        if cost.exists() or cost.is_symlink(): print(cost_text(read_cost(cost)))
         return
     v = finding(name, regime, root=root, settings=MECHANISM_AT_WORK)
     print(f"\nVerdict at the picks: {finding_text(v)}" if v else f"\nVerdict at the picks: not decided yet (the study `{t.study.name}/tuned-active` is not stored).")
     if (sw := swap_table(name, root, regime)) is not None:
         print("Swaps of the knobs both arms search, each against the baseline at its pick (test R@1, points):\n" + sw.round(2).to_string(index=False))
-    if cost.is_file(): print(cost_text(json.loads(cost.read_text())))
+    if cost.exists() or cost.is_symlink(): print(cost_text(read_cost(cost)))
+
+_MINUTES = (lambda v: isinstance(v, dict) and all(isinstance(k, str) and number(m) and m >= 0 for k, m in v.items()), "{device: minutes >= 0}")
+COST_SCHEMA = {"runs": (lambda v: isinstance(v, dict) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v.values()), "{phase: runs >= 0}")}
+
+def read_cost(path, # a study's `cost.json` (`study_cost`)
+             ) -> dict:
+    "A stored `cost.json` through `files.read_json`: every phase {device: minutes >= 0} (null is not a number of minutes), `runs` counts; one `FileError` naming it otherwise."
+    from dml_book.files import read_json, check_schema
+    fix = "delete it: `study_cost` writes it again from the runs"
+    cost = read_json(path, COST_SCHEMA, fix)
+    return check_schema(cost, {p: _MINUTES for p in cost if p != "runs"}, path, fix)
 
 def cost_text(cost: dict, # a study's `cost.json` (`study_cost`)
              ) -> str:

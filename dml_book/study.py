@@ -14,12 +14,13 @@ from .results import runs_frame, load_histories, find_runs
 
 # %% auto #0
 __all__ = ['PRIMARY', 'SECONDARY', 'VALIDATION', 'MIN_SEEDS', 'MAX_SEEDS', 'ABLATION_SEEDS', 'TARGET_HALF_WIDTH', 'STUDY_LIMITS',
-           'DIVERGED', 'LEGACY_NOTE', 'REFERENCE_SEED', 'ACTIVE_SHARE', 'MECHANISM_STUDIES', 'interval_half_width',
-           'seeds_needed', 'study_frame', 'paired_difference', 'study_table', 'plot_study_curves', 'verdict',
-           'where_ran', 'seed_ranges', 'diverged_seeds', 'study_facts', 'study_report', 'metric_name', 'arms_table',
-           'incomplete', 'short_of_power', 'diverged_text', 'where_text', 'time_text', 'show_study', 'main_verdict',
-           'regimes', 'read_log', 'reference_run', 'mechanism_of', 'mechanism_table', 'active_share',
-           'mechanism_at_work', 'record_mechanism', 'mechanism_summary', 'show_mechanisms']
+           'DIVERGED', 'DESIGN_SCHEMA', 'LEGACY_NOTE', 'REFERENCE_SEED', 'ACTIVE_SHARE', 'MECHANISM_STUDIES',
+           'interval_half_width', 'seeds_needed', 'study_frame', 'paired_difference', 'study_table',
+           'plot_study_curves', 'verdict', 'run_record', 'where_ran', 'seed_ranges', 'diverged_seeds', 'study_facts',
+           'read_design', 'study_report', 'metric_name', 'arms_table', 'incomplete', 'short_of_power', 'diverged_text',
+           'where_text', 'time_text', 'show_study', 'main_verdict', 'regimes', 'read_log', 'reference_run',
+           'check_mechanism', 'mechanism_of', 'mechanism_table', 'active_share', 'mechanism_at_work',
+           'record_mechanism', 'mechanism_summary', 'show_mechanisms']
 
 # %% ../nbs/11a_study.ipynb #9d4042d9
 PRIMARY = dict(metric="R@1", stage="final")       # test Recall@1 at the last epoch: declared before the runs
@@ -146,14 +147,28 @@ STUDY_LIMITS = ("What this study cannot show: it trains a small CNN from scratch
                 "so it says nothing of the method at the paper's scale, with an ImageNet-pretrained backbone, or on "
                 "natural images; a verdict here is about this benchmark only.")
 
+def _optional(r: dict, where, fix: str, **kinds) -> dict:
+    "`r`, each of `kinds` (key=(predicate, what it expects)) checked where present; a `FileError` naming the first that fails."
+    from dml_book.files import check_schema
+    return check_schema(r, {k: v for k, v in kinds.items() if k in r}, where, fix)
+
+_SECONDS = (lambda v: v is None or isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0, "null or seconds >= 0")
+_TEXT = (lambda v: v is None or isinstance(v, str), "null or text")
+
+def run_record(run, # a run's folder
+              ) -> dict | None:
+    "A run's `run.json` (its device and clocks), read through `files.read_json` and checked; None where none is stored."
+    from dml_book.files import read_json
+    f = Path(run)/"run.json"
+    if not f.exists() and not f.is_symlink(): return None
+    fix = f"rerun the run into {run}, or remove the folder"
+    return _optional(read_json(f, {}, fix), f, fix, cpu_seconds=_SECONDS, wall_seconds=_SECONDS, device=_TEXT, gpu=_TEXT)
+
 def where_ran(run, # a run's folder (`run.json` beside `metrics.json`)
               precision: str | None = None, # its number format (`run.precision` of its `metrics.json`), named after the device when given
              ) -> str | None:
     "The device a run trained on, from its `run.json`: the GPU's name, or 'the CPU' ('NVIDIA H200 in bf16' with `precision`); None when no `run.json` is stored."
-    import json
-    f = Path(run)/"run.json"
-    if not f.is_file(): return None
-    r = json.loads(f.read_text())
+    if (r := run_record(run)) is None: return None
     device = r.get("gpu") or ("the CPU" if r.get("device") == "cpu" else r.get("device", "an unrecorded device"))
     return f"{device} in {precision}" if precision else device
 
@@ -182,16 +197,20 @@ def diverged_seeds(root, # a study's folder
 def study_facts(folder, # a study's folder
                ) -> dict:
     "What the stored runs say of themselves: epochs, steps per epoch, seeds per arm, CPU time, devices, which seeds ran where (`where`: device and number format -> seeds), and which diverged (`diverged`: seed -> arms)."
-    import json
-    folder = Path(folder)
-    runs = {f: json.loads(f.read_text()) for f in sorted(folder.glob("*/seed*/metrics.json"))}
+    from dml_book.files import read_json
+    folder = Path(folder); mapping = (lambda v: isinstance(v, dict), "a mapping")
+    fix = lambda f: f"rerun the run into {f.parent}, or remove the folder"
+    runs = {f: _optional(read_json(f, {"config": mapping}, fix(f), max_bytes=256 << 20), f, fix(f), run=mapping)
+            for f in sorted(folder.glob("*/seed*/metrics.json"))}
     arms = sorted({f.parent.parent.name for f in runs})
     where = {}
     for f, m in runs.items():
         if (device := where_ran(f.parent, (m.get("run") or {}).get("precision"))) is None: continue
         where.setdefault(device, set()).add(int(f.parent.name.removeprefix("seed")))
-    timing = json.loads((folder/"study_time.json").read_text()) if (folder/"study_time.json").exists() else {}
-    walls = [json.loads((f.parent/"run.json").read_text()).get("wall_seconds") if (f.parent/"run.json").is_file() else None for f in runs]
+    t, fix = folder/"study_time.json", f"remove it: `run_study` writes it again"
+    timing = _optional(read_json(t, {}, fix), t, fix, cpu_seconds=_SECONDS, devices=(lambda v: isinstance(v, list) and all(isinstance(d, str) for d in v), "a list of devices")) \
+        if t.exists() or t.is_symlink() else {}
+    walls = [(run_record(f.parent) or {}).get("wall_seconds") for f in runs]
     return dict(epochs=sorted({m["config"].get("epochs") for m in runs.values()} - {None}),
                 steps_per_epoch=sorted({m.get("run", {}).get("steps_per_epoch") for m in runs.values()} - {None}),
                 seeds={a: sum(f.parent.parent.name == a for f in runs) for a in arms},
@@ -201,16 +220,30 @@ def study_facts(folder, # a study's folder
                 diverged={s: sorted(arms) for s, arms in diverged_seeds(folder).items()})
 
 # %% ../nbs/11a_study.ipynb #7a6c66f3
+_ARMS = lambda v: isinstance(v, dict) and all(isinstance(d, dict) and isinstance(d.get("label"), str) and isinstance(d.get("differs", {}), dict) for d in v.values())
+DESIGN_SCHEMA = {"baseline": (lambda v: isinstance(v, str) and v != "", "the baseline arm's name"),
+                 "arms": (_ARMS, "{arm: {label, differs, ...}}"),
+                 "main": (lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v), "a list of arms"),
+                 "primary": (lambda v: isinstance(v, dict) and isinstance(v.get("metric"), str) and v.get("stage") in ("final", "selected"), "a metric and its stage (final or selected)")}
+
+def read_design(folder, # a study's folder
+               ) -> dict:
+    "The study's `study.json` (`run_study`'s design), read through `files.read_json`, each key of `DESIGN_SCHEMA` it has checked; {} for a study stored before designs."
+    from dml_book.files import read_json
+    f = Path(folder)/"study.json"
+    if not f.exists() and not f.is_symlink(): return {}
+    fix = "restore it from git, or run the study again with `run_study`"
+    return _optional(read_json(f, {}, fix), f, fix, **DESIGN_SCHEMA)
+
 def study_report(method: str, # the method's folder under `results/`
                  root=None, # the results store (default: `results/` beside `nbs/` of this clone)
                  dataset: str = "glyphs-XL") -> dict | None: # the benchmark's name in the verdicts
     "The stored study: `primary` metric, its `frame` and `table`, the `secondary` table (of the `reported` metric), one verdict per arm (`verdicts`, and by arm `verdict_of`), `facts`, `design`; None if none."
     from dml_book.results import results_dir
-    import json
     root = Path(root) if root is not None else results_dir()   # a clone's results/, or the summaries installed with the package
     folder = root/method
     if not folder.is_dir() or not find_runs(folder): return None   # none of its own (a nested `tuned/` study is not)
-    design = json.loads((folder/"study.json").read_text()) if (folder/"study.json").exists() else {}
+    design = read_design(folder)
     base = design.get("baseline", "baseline")
     labels = {a: d["label"] for a, d in design.get("arms", {}).items()}
     name = lambda v: labels.get(v) or (v.upper() if v in method.split("/") else v)   # the method under its paper's name: "HDML" (also in `pretrained/hdml/tuned`)
@@ -369,9 +402,19 @@ def regimes(method: str, # the method's study under `results/`; its pretrained-r
 # %% ../nbs/11a_study.ipynb #8c099e41
 def read_log(path, # a run's `log.jsonl`
             ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    "The step records and the epoch records of a run's `log.jsonl`, one row each."
+    "The step records and the epoch records of a run's `log.jsonl`, one row each; read through `files.read_bytes`, a line that is not a JSON record is one `FileError` naming it."
     import json
-    recs = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    from dml_book.files import read_bytes, FileError
+    fix = f"rerun the run into {Path(path).parent}, or remove the log"
+    try: lines = read_bytes(path, fix, 1 << 30).decode("utf-8").splitlines()
+    except UnicodeDecodeError: raise FileError(f"{path} is not UTF-8 text; {fix}") from None
+    recs = []
+    for i, line in enumerate(lines):
+        if not line.strip(): continue
+        try: r = json.loads(line)
+        except (ValueError, RecursionError): r = None
+        if not isinstance(r, dict): raise FileError(f"{path}: line {i + 1} is not a JSON record; {fix}")
+        recs.append(r)
     frame = lambda kind: pd.DataFrame([r for r in recs if r.get("kind") == kind]).reset_index(drop=True)
     return frame("step"), frame("epoch")
 
@@ -391,6 +434,33 @@ def reference_run(method: str, # the method's study under `results/`; its varian
     return read_log(path) if path.is_file() else None
 
 # %% ../nbs/11a_study.ipynb #de061ff8
+def check_mechanism(record, # a stored criterion (a run's "mechanism")
+                    where, # its file, for the message
+                    fix: str, # what to do when it is refused
+                   ) -> dict:
+    """`record` if it is a criterion's record (`MECHANISM_SCHEMA`, each part too) that agrees with itself: each part active
+    exactly when its value reaches its threshold (never without a value; where it carries a `null`, only strictly above
+    the null's p95, as `against_null` judges), the whole exactly when every part is; a
+    `FileError` naming the file otherwise (a record that says `active: true` under its threshold is not counted as met)."""
+    import math
+    from dml_book.files import check_schema, FileError
+    from dml_book.methods.base import MECHANISM_SCHEMA
+    check_schema(record, MECHANISM_SCHEMA, f"{where} (its mechanism)", fix)
+    parts = record.get("parts")
+    if parts is not None and not (isinstance(parts, list) and parts): raise FileError(f"{where}: its mechanism's parts are invalid: expected a list of criteria; {fix}")
+    for p in parts or [record]:   # a compound criterion's value and threshold are its binding part's: its parts say it all
+        check_schema(p, MECHANISM_SCHEMA, f"{where} (its mechanism)", fix)
+        v, th, null = p["value"], p["threshold"], p.get("null")
+        if null is not None and not (isinstance(null, dict) and isinstance(null.get("p95"), (int, float)) and not isinstance(null["p95"], bool) and math.isfinite(null["p95"])):
+            raise FileError(f"{where}: its mechanism's null is invalid: expected its kind, p95 and n; {fix}")
+        held = v is not None and math.isfinite(v) and math.isfinite(th) and v >= th and (null is None or v > null["p95"])   # `against_null`: strictly above the null
+        if p["active"] != held:
+            raise FileError(f"{where}: its mechanism record says active: {str(p['active']).lower()} with {p['criterion']} = {v} against its "
+                            f"threshold {th}: the record disagrees with itself; {fix}")
+    if parts and record["active"] != all(p["active"] for p in parts):
+        raise FileError(f"{where}: its mechanism record says active: {str(record['active']).lower()}, its parts say otherwise; {fix}")
+    return record
+
 def mechanism_of(run_dir, # a stored run's folder (`metrics.json`, perhaps `log.jsonl`)
                  logs: bool = True, # compute from the step log where one is kept (False: only what every seed keeps, metrics.json)
                 ) -> dict | None:
@@ -403,8 +473,7 @@ def mechanism_of(run_dir, # a stored run's folder (`metrics.json`, perhaps `log.
     run = Path(run_dir); fix = f"rerun the run into {run}, or remove the folder"
     m = read_json(run/"metrics.json", {"config": (lambda v: isinstance(v, dict) and "method" in v, "the run's configuration"),
                                        "epochs": (lambda v: isinstance(v, list), "the epoch records")}, fix, max_bytes=256 << 20)
-    if "mechanism" in m:
-        return m["mechanism"] if m["mechanism"] is None else check_schema(m["mechanism"], MECHANISM_SCHEMA, run/"metrics.json", fix)
+    if "mechanism" in m: return m["mechanism"] if m["mechanism"] is None else check_mechanism(m["mechanism"], run/"metrics.json", fix)
     steps, epochs = read_log(run/"log.jsonl") if logs and (run/"log.jsonl").is_file() else (pd.DataFrame(), pd.DataFrame(m["epochs"]))
     return declared_activity(METHODS.get(m["config"]["method"]), steps, epochs, m["config"])
 

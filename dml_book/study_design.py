@@ -277,6 +277,7 @@ def run_arms(study: Study, # the study
         for s in arm_seeds:
             cfg = replace(study.arms[arm], seed=int(s), out=str(root/arm/f"seed{s}"))
             done = next((f for f in (Path(cfg.out)/"metrics.json", Path(cfg.out)/DIVERGED) if f.is_file()), None)   # finished, or diverged
+            if done and not (Path(cfg.out)/"run.json").is_file() and _same_config(done, cfg): done = None   # killed before its last file: trained again in place, counted once
             if done and _same_config(done, cfg): continue
             if done:   # written by another configuration: kept aside under a name no `seed*` pattern reads (nothing deleted)
                 stale = next(p for i in range(10**6) if not os.path.lexists(p := Path(cfg.out).with_name(f"stale-seed{s}" + (f"-{i}" if i else ""))))
@@ -323,7 +324,9 @@ def plan_seeds(study: Study, # the study
     return plan
 
 def _stored_frame(root, primary: dict = PRIMARY):
+    from dml_book.files import FileError
     try: return study_frame(root, primary["metric"], primary["stage"])
+    except FileError: raise   # a stored file that cannot be trusted plans nothing
     except (ValueError, FileNotFoundError): return None
 
 # %% ../nbs/11b_study_design.ipynb #1e569bee
@@ -359,7 +362,8 @@ def run_study(study: Study, # the study to run (or to finish)
 
 def _record_time(root: Path):
     from dml_book.results import find_runs
-    runs = [json.loads((f/"run.json").read_text()) for f in find_runs(root) if (f/"run.json").is_file()]   # not a nested study's
+    from dml_book.study import run_record
+    runs = [r for f in find_runs(root) if (r := run_record(f)) is not None]   # not a nested study's
     from dml_book.files import write_json
     write_json(root/"study_time.json", dict(cpu_seconds=round(sum(r["cpu_seconds"] for r in runs), 1), runs=len(runs),
                                             devices=sorted({r["device"] for r in runs})))

@@ -27,10 +27,10 @@ from .distributed import (init_distributed, gather_batch, sync_optimizer, broadc
                                   gather_shards, on_main)
 
 # %% auto #0
-__all__ = ['RUN_FILES', 'TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer', 'schedule_factor',
-           'build_scheduler', 'Trainer', 'resolve_workers', 'channels_last_collate', 'bf16_units', 'resolve_precision',
-           'precision_view', 'check_progress', 'TrainingDiverged', 'TrainingCollapsed', 'environment', 'select_epoch',
-           'lock_out', 'train']
+__all__ = ['METHOD_HOOKS', 'RUN_FILES', 'TrainConfig', 'preset_config', 'seed_everything', 'resolve_device', 'build_optimizer',
+           'schedule_factor', 'build_scheduler', 'is_method', 'check_trainer_args', 'Trainer', 'resolve_workers',
+           'channels_last_collate', 'bf16_units', 'resolve_precision', 'precision_view', 'check_progress',
+           'TrainingDiverged', 'TrainingCollapsed', 'environment', 'select_epoch', 'lock_out', 'train']
 
 # %% ../nbs/08_train.ipynb #a4fa698a
 @dataclass
@@ -88,6 +88,7 @@ class TrainConfig:
     progress: bool = False           # show progress bars
     umap: bool = False               # save a UMAP figure of the final test embedding
     allow_collapse: bool = False     # go on training when the embedding collapses or the loss stops moving at chance recall (`dml_book.learning`)
+    plan_sha: str | None = None      # the SHA-256 of the plan the run is made under (`dml_book.plans`), recorded in `metrics.json`; None: no plan
 
 # %% ../nbs/08_train.ipynb #806ddefa
 def preset_config(method: str, # a registered method
@@ -176,7 +177,28 @@ def _load_registries():
 
 def _absolute_root(cfg: TrainConfig) -> TrainConfig:
     "`cfg` with `data_root` made absolute: the run's record then means the same folder from any working directory."
-    return cfg if cfg.data_root is None else replace(cfg, data_root=str(Path(cfg.data_root).expanduser().resolve()))
+    if cfg.data_root is None: return cfg
+    root = Path(cfg.data_root).expanduser()   # a link named last is kept, not resolved: its target is checked where it is read
+    return replace(cfg, data_root=str(root.parent.resolve()/root.name if root.is_symlink() else root.resolve()))
+
+def is_method(obj) -> bool:
+    "Whether `obj` keeps the `Method` protocol: a `Method`, or an object with every one of its hooks (a chapter's own copy of the class)."
+    return isinstance(obj, Method) or all(callable(getattr(obj, hook, None)) for hook in METHOD_HOOKS)
+
+METHOD_HOOKS = tuple(n for n, v in vars(Method).items() if callable(v) and not n.startswith("_"))   # the protocol's hooks
+
+def check_trainer_args(cfg, # what `Trainer` was given as `cfg`
+                       method, # ... as `method`
+                       overrides: dict, # ... as `TrainConfig` fields
+                      ):
+    "A `ConfigError` naming what is wrong unless `cfg` is a `TrainConfig` (or None), `method` a `Method`, a name or None, and every override a field."
+    if cfg is not None and not isinstance(cfg, TrainConfig):
+        raise ConfigError(f"Trainer's cfg must be a TrainConfig (or None), got {type(cfg).__name__}; fields go as keywords: Trainer(epochs=1)")
+    if method is not None and not isinstance(method, str) and not is_method(method):
+        raise ConfigError(f"Trainer's method must be a Method (a subclass of dml_book.methods.Method) or a registered name, "
+                          f"got {type(method).__name__}")
+    unknown = sorted(set(overrides) - {f.name for f in fields(TrainConfig)})
+    if unknown: raise ConfigError(f"Trainer got {', '.join(map(repr, unknown))}, not a field of TrainConfig")
 
 class Trainer:
     "Build everything a `TrainConfig` names; `fit` trains, evaluates, logs and checkpoints."
@@ -184,6 +206,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig | None = None, # the run; None: `TrainConfig()`
                  method: Method | str | None = None, # a `Method` object to train (e.g. a chapter's own class), or a registered name
                  **overrides): # `TrainConfig` fields that replace those of `cfg`
+        check_trainer_args(cfg, method, overrides)   # one line for an object of the wrong type, before anything else
         if isinstance(method, str): overrides["method"], method = method, None
         self.cfg = cfg = _absolute_root(replace(cfg or TrainConfig(), **overrides))
         check_config(cfg, method)   # the validation boundary (with the method's own `check`): nothing is loaded before it passes
@@ -659,6 +682,7 @@ def run_summary(self: Trainer) -> dict:
     splits = dict(train=self.train_ds, validation=self.val_ds, **({"query": self.query_ds, "gallery": self.gallery_ds}
                   if self.protocol == "reid" else {"test": self.test_ds}))
     return dict(steps=self.step, steps_per_epoch=self.steps_per_epoch, precision=resolve_precision(self.cfg.precision, self.device),
+                plan_sha=self.cfg.plan_sha,
                 **{k: count(ds) for k, ds in splits.items()})
 
 # %% ../nbs/08_train.ipynb #c30a3e3f

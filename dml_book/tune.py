@@ -6,23 +6,24 @@ Docs: https://dml-book.github.io/dml_book/tune.html.md"""
 
 # %% ../nbs/11e_tune.ipynb #679df354
 from __future__ import annotations
-import functools, json, math, os, shutil, time
+import functools, io, json, math, os, shutil, time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace, asdict
 from pathlib import Path
 import pandas as pd
 from .study_design import (Study, study_spec, config_fields, arm_differences, check_arms, StudyError, _threads, _declared,
                                    _relative_paths, _located, RunClock, record_divergence)
-from .tune_storage import HEARTBEAT, default_storage, shown, _hidden, sqlite_file, open_storage, creation_lock
+from .tune_storage import HEARTBEAT, default_storage, shown, _hidden, sqlite_file, open_storage, creation_lock, store_errors, refuse_side_links
 
 # %% auto #0
 __all__ = ['SEARCH_SPACES', 'TRIALS', 'ACTIVE', 'TRIAL_EPOCHS', 'TUNING_SEED', 'CALIBRATION_STUDIES', 'CONFIRM_SECONDS',
            'PRETRAINED_TUNED_SEEDS', 'SHARED_SWAP', 'Knob', 'set_fields', 'knob_values', 'Tuning', 'tuning_spec',
            'check_trial', 'calibration_configs', 'calibrate_trial_length', 'trial_length_check', 'rank_agreement',
-           'validation_trainer', 'run_trial', 'constraint_value', 'record_constraint', 'optuna_study', 'trial_folder',
-           'trial_origin', 'fail_stale', 'claim', 'beating', 'own_failure', 'run_one', 'finished_run',
-           'recover_finished', 'tune', 'tuning_plan', 'plan_lines', 'needs_confirmation', 'trials_frame',
-           'write_trials', 'best_values', 'tuned_study', 'pretrained_tuned_study', 'shared_swap_study']
+           'validation_trainer', 'run_trial', 'constraint_value', 'record_constraint', 'optuna_study',
+           'check_distributions', 'trial_folder', 'trial_origin', 'fail_stale', 'claim', 'beating', 'own_failure',
+           'run_one', 'finished_run', 'check_finished', 'recover_finished', 'tune', 'tuning_plan', 'plan_lines',
+           'needs_confirmation', 'trials_frame', 'write_trials', 'best_values', 'tuned_study', 'pretrained_tuned_study',
+           'shared_swap_study']
 
 # %% ../nbs/11e_tune.ipynb #6cc8a15a
 @dataclass(frozen=True)
@@ -199,6 +200,16 @@ def check_trial(tuning: Tuning, arm: str, cfg):
 # %% ../nbs/11e_tune.ipynb #733def43
 CALIBRATION_STUDIES = ("dcml", "dmml")   # their runs trained on this CPU in fp32 (of the stored trials, only DCML's did too)
 
+def _record(path: Path, bound: int, what: str, fix: str = "the trial is set aside") -> dict:
+    "A trial's JSON record through `dml_book.reads` (regular, bounded, no link), or a `FileError` that names it and quotes none of it."
+    from dml_book.reads import read_text
+    from dml_book.files import FileError
+    text = read_text(path, fix, bound, what=what)   # its own one line: a FIFO, a link, a size
+    try: obj = json.loads(text)
+    except (ValueError, RecursionError) as e: raise FileError(f"{what} {path} is not JSON ({type(e).__name__})") from None
+    if not isinstance(obj, dict): raise FileError(f"{what} {path} holds a {type(obj).__name__}, not a record")
+    return obj
+
 def calibration_configs(results=None, # the results store (None: `results_dir()`)
                         studies=CALIBRATION_STUDIES) -> dict:
     "`<study>-<arm>` -> the stored seed-0 configuration of every arm of `studies` (its full 30-epoch schedule)."
@@ -230,9 +241,9 @@ def trial_length_check(results=None, # the results store (None: `results_dir()`)
     rows = []
     for f in sorted(Path(results).glob("calibration/trial_length/e*/*/metrics.json")):
         study, arm = f.parent.name.split("-", 1)
-        full = json.loads((Path(results)/study/arm/"seed0"/"metrics.json").read_text())
+        full = _record(Path(results)/study/arm/"seed0"/"metrics.json", 64 << 20, "run metrics", "a stored study's run")   # bounded, no link, no FIFO
         val = [r["val_R@1"] for r in full["epochs"] if r.get("val_R@1") is not None][-1]
-        rows.append(dict(config=f.parent.name, epochs=int(f.parent.parent.name[1:]), trial=100 * json.loads(f.read_text())["final"]["val_R@1"], full=100 * val))
+        rows.append(dict(config=f.parent.name, epochs=int(f.parent.parent.name[1:]), trial=100 * _record(f, 64 << 20, "trial metrics", "a calibration trial")["final"]["val_R@1"], full=100 * val))
     return pd.DataFrame(rows) if rows else None
 
 def rank_agreement(frame: pd.DataFrame) -> pd.DataFrame:
@@ -280,9 +291,13 @@ def run_trial(cfg, # the trial's configuration; its `out` is the trial's folder
 # %% ../nbs/11e_tune.ipynb #d7d683c7
 def constraint_value(mechanism: dict | None, # a run's `mechanism` record (`Method.activity`); None: the run could not say
                     ) -> float:
-    "The trial's constraint for Optuna (<= 0: feasible): 0 when the criterion held, else its `shortfall` relative to the threshold (at least 1e-6); 1 where unknown."
+    "The trial's constraint for Optuna (<= 0: feasible): 0 when the criterion held, else its `shortfall` relative to the threshold (at least 1e-6); 1 where unknown (a NaN included)."
     from dml_book.methods.base import shortfall
-    gap = shortfall(mechanism) if mechanism else math.inf
+    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    parts = (mechanism or {}).get("parts") or [mechanism or {}]
+    if not mechanism or not all(number(p.get("value")) and number(p.get("threshold")) for p in [mechanism, *parts]):
+        return 1.0   # unknown: a NaN would pass `gap <= 0` as false and `max(1e-6, nan)` as 1e-6, as good as feasible to TPE
+    gap = shortfall(mechanism)
     if gap <= 0: return 0.0
     return 1.0 if math.isinf(gap) else max(1e-6, gap / max(abs(mechanism["threshold"]), 1e-12))
 
@@ -300,8 +315,10 @@ def optuna_study(tuning: Tuning, arm: str, storage):
     "The Optuna study of one arm (created with its first trial enqueued, or loaded)."
     import optuna
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = f"{tuning.study.name}/{arm}"
     with creation_lock(storage.url):
-        s = optuna.create_study(study_name=f"{tuning.study.name}/{arm}", storage=storage, direction="maximize", load_if_exists=True)
+        try: s = optuna.load_study(study_name=name, storage=storage)   # a stored study is read, never written to (a finished one in a read-only folder)
+        except KeyError: s = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
         if not s.get_trials(deepcopy=False): s.enqueue_trial(tuning.first(arm), user_attrs={"first": True})
         mine, theirs = json.loads(json.dumps(tuning.recorded(arm))), s.user_attrs.get("tuning")
         if theirs is None: s.set_user_attr("tuning", mine)   # a new study (or one stored before studies recorded it)
@@ -309,7 +326,23 @@ def optuna_study(tuning: Tuning, arm: str, storage):
         k = next(k for k in mine if mine[k] != theirs.get(k))
         raise StudyError(f"storage {shown(storage.url)} holds {s.study_name} tuned with {k} {theirs.get(k)}, not {mine[k]}: "
                          f"tune with the same {dict(epochs='--epochs', trials='--trials', space='search space').get(k, k)}, or into another --storage")
+    check_distributions(s, tuning.spaces[arm], storage.url)
     return s
+
+def check_distributions(study, # an arm's Optuna study
+                        knobs: tuple, # the arm's search space
+                        url: str, # the store, for the message
+                       ):
+    "Refuse (`StudyError`, one line) a store whose trials drew a knob from another kind of distribution than the search space's (Optuna's `ValueError` at the next draw)."
+    from optuna.distributions import check_distribution_compatibility
+    mine = {k.field: k.distribution() for k in knobs}
+    for t in study.get_trials(deepcopy=False):
+        for f, d in t.distributions.items():
+            if f not in mine: continue
+            try: check_distribution_compatibility(d, mine[f])
+            except ValueError:
+                raise StudyError(f"storage {shown(url)} holds {study.study_name} trial {t.number} with {f} drawn from a {type(d).__name__}, "
+                                 f"not the search space's {type(mine[f]).__name__}: tune into another --storage, or with the search space it holds") from None
 
 def trial_folder(root, arm: str, trial) -> Path:
     "A trial's folder; a retried trial (its process died) reuses the first try's, so it resumes from its checkpoint."
@@ -327,7 +360,7 @@ def _objective(tuning: Tuning, arm: str, root: Path, threads: int):
         cfg = tuning.trial(arm, values, trial_folder(root, arm, trial))
         try: final = run_trial(cfg, threads, root.parents[len(Path(tuning.study.name).parts)])   # the store: above `<study>/tuning`, a nested study's name too
         except TrainingDiverged as e: final = None; trial.set_user_attr("diverged", str(e))   # as good as chance, and infeasible: TPE learns to avoid it
-        run = json.loads((Path(cfg.out)/"run.json").read_text())   # just written by `run_trial`, for a diverged trial too: its time counts
+        run = _record(Path(cfg.out)/"run.json", 1 << 16, "trial record")   # just written by `run_trial`, for a diverged trial too: its time counts
         trial.set_user_attr("cpu_seconds", run["cpu_seconds"]); trial.set_user_attr("wall_seconds", run["wall_seconds"])
         if constrained: record_constraint(trial, None if final is None else Path(cfg.out))
         return 0.0 if final is None else final["val_R@1"]
@@ -376,7 +409,8 @@ def beating(storage, trial_id: int, every: int):
     stop = threading.Event()
     def beat():
         while True:
-            storage.record_heartbeat(trial_id)
+            try: storage.record_heartbeat(trial_id)
+            except Exception: pass   # a store away for a moment: the next beat tries again; the trial's own end says what failed
             if stop.wait(every): return
     thread = threading.Thread(target=beat, daemon=True); thread.start()
     try: yield
@@ -417,28 +451,43 @@ def finished_run(folder: Path, # a trial's folder
     """What a trial's folder says of its finished run, read through `dml_book.reads` (regular files, bounded, no link)
     and checked against the trial: validation R@1 and seconds, or None when the files are missing, unreadable, not a
     run's, another configuration's, of another length, or inconsistent (the final score not its last epoch's)."""
-    from dml_book.reads import read_text
+    from dml_book.files import FileError
+    try: return check_finished(folder, tuning, arm, values)
+    except (FileError, OSError): return None
+
+def check_finished(folder: Path, # a trial's folder
+                   tuning: Tuning, arm: str, values: dict, # the trial: its tuning, arm and knobs' values
+                  ) -> dict:
+    "`finished_run`'s record, or a `FileError` naming the file and what is wrong with it (one line, none of its content)."
     from dml_book.files import FileError
     num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    try:
-        run = json.loads(read_text(folder/"run.json", "a trial record", 1 << 16, what="trial record"))
-        m = json.loads(read_text(folder/"metrics.json", "a trial record", 64 << 20, what="trial metrics"))
-        last, value = m["epochs"][-1], m["final"]["val_R@1"]
-        ok = (num(value) and 0 <= value <= 1 and last.get("epoch") == tuning.epochs and last.get("val_R@1") == value
-              and num(run["cpu_seconds"]) and isinstance(m["config"], dict) and tuning.ran(arm, values, m["config"]))
-    except (FileError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError): return None
-    return dict(value=float(value), cpu_seconds=run["cpu_seconds"], wall_seconds=run.get("wall_seconds")) if ok else None
+    run, m = _record(folder/"run.json", 1 << 16, "trial record"), _record(folder/"metrics.json", 64 << 20, "trial metrics")
+    bad = lambda why: FileError(f"trial metrics {folder/'metrics.json'} {why}")
+    epochs, final = m.get("epochs"), m.get("final")
+    if not isinstance(epochs, list) or not epochs or not isinstance(epochs[-1], dict): raise bad("holds no list of epochs")
+    value = final.get("val_R@1") if isinstance(final, dict) else None
+    if not num(value) or not 0 <= value <= 1: raise bad("holds no final validation R@1 in [0, 1]")
+    if epochs[-1].get("epoch") != tuning.epochs: raise bad(f"does not end at the trial length ({tuning.epochs} epochs)")
+    if epochs[-1].get("val_R@1") != value: raise bad("has a final score that is not its last epoch's")
+    if not num(run.get("cpu_seconds")): raise FileError(f"trial record {folder/'run.json'} holds no number of cpu_seconds")
+    try: same = isinstance(m.get("config"), dict) and tuning.ran(arm, values, m["config"])
+    except Exception: same = False   # a crafted configuration: not this trial's
+    if not same: raise bad("is of another configuration than the trial's settings")
+    return dict(value=float(value), cpu_seconds=run["cpu_seconds"], wall_seconds=run.get("wall_seconds"))
 
 def recover_finished(study, # one arm's Optuna study
                      folder: Path, # the arm's trial folders (`results/<study>/tuning/<arm>`)
                      tuning: Tuning, arm: str, # the tuning and the arm the study is of
+                     log=print, # where a line goes for each finished trial set aside (a record it cannot trust)
                     ) -> list[int]:
     """Tell again, as complete, each failed trial whose run had finished (`finished_run`: its folder holds the checked
     `metrics.json` of the trial's settings and the `run.json` that `run_trial` writes last). Before `claim` took the lock,
     a second process could claim a running trial and fail it, losing the first one's result. The recovered trial retries
-    the failed one (its origin), so it counts as that setting, in the order it was drawn. The numbers of the trials recovered."""
+    the failed one (its origin), so it counts as that setting, in the order it was drawn. A folder with a `run.json` whose
+    records fail the checks is named in one line and set aside: it counts nowhere. The numbers of the trials recovered."""
     import optuna
     from optuna.trial import TrialState
+    from dml_book.files import FileError
     trials = study.get_trials(deepcopy=False)
     complete = {trial_origin(t) for t in trials if t.state == TrialState.COMPLETE}
     recovered = []
@@ -446,8 +495,10 @@ def recover_finished(study, # one arm's Optuna study
         f = Path(folder)/f"trial{trial_origin(t)}"
         if t.state != TrialState.FAIL or trial_origin(t) in complete or os.path.islink(f) or not os.path.isdir(f): continue
         if not set(t.params) == {k.field for k in tuning.spaces[arm]}: continue   # interrupted while drawing: nothing ran
-        run = finished_run(f, tuning, arm, t.params)
-        if run is None: continue
+        if not (f/"run.json").exists() and not (f/"run.json").is_symlink(): continue   # not finished (interrupted): it runs again
+        try: run = check_finished(f, tuning, arm, t.params)
+        except (FileError, OSError) as e:
+            log(f"{study.study_name}: trial {trial_origin(t)} set aside, counted nowhere: {str(e).splitlines()[0]}"); continue
         attrs = {**t.user_attrs, "cpu_seconds": run["cpu_seconds"], "wall_seconds": run["wall_seconds"], "recovered": True}
         constraints = None
         if arm in tuning.constrained:   # its criterion, from the run's own metrics.json, as `record_constraint` records it
@@ -463,6 +514,9 @@ def _say(line: str): print(line, flush=True)   # a line per trial, at once, also
 
 def _work(tuning: Tuning, arms: tuple, url: str, root: str, threads: int, heartbeat: int, log=_say) -> int:
     "One process's share: trials of the arm with the fewest, until every arm has `tuning.trials` complete; the trials it ran."
+    with store_errors(url): return _share(tuning, arms, url, root, threads, heartbeat, log)   # a store that fails: one line (a pool's worker too)
+
+def _share(tuning: Tuning, arms: tuple, url: str, root: str, threads: int, heartbeat: int, log=_say) -> int:
     storage = open_storage(url, heartbeat); studies = {a: optuna_study(tuning, a, storage) for a in arms}
     ran = 0
     while True:
@@ -493,17 +547,21 @@ def tune(tuning: Tuning, # what to tune (`tuning_spec`)
     from dml_book.files import make_folder
     arms = tuple(arms or tuning.spaces); tuning.check(arms)
     root = Path(results)/tuning.study.name/"tuning"; url = storage or default_storage(results, tuning.study.name)
+    if (db := sqlite_file(url)) is not None: refuse_side_links(db)   # before any folder is made
     for a in arms: make_folder(root/a, results, "to keep the trials on another disk, name a results store there: --results /path/on/it")
     threads = _threads(jobs)
-    store = open_storage(url, heartbeat); studies = {a: optuna_study(tuning, a, store) for a in arms}
-    with creation_lock(url):   # results a race lost (see `claim`), from the trials' own folders; one process at a time
-        for a, s in studies.items(): recover_finished(s, root/a, tuning, a)
-    if jobs == 1: _work(tuning, arms, url, str(root), threads, heartbeat, log)
-    else:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-            for f in [pool.submit(_work, tuning, arms, url, str(root), threads, heartbeat) for _ in range(jobs)]: f.result()
-    for a, s in studies.items(): write_trials(s, root/a/"trials.csv", tuning.trials)   # every process's trials: the storage is read afresh
-    return pd.concat({a: pd.read_csv(root/a/"trials.csv") for a in arms}, names=["arm"]).reset_index(level=0)
+    with store_errors(url):   # Optuna's and SQLAlchemy's errors for the store: one line naming it and what to do
+        store = open_storage(url, heartbeat); studies = {a: optuna_study(tuning, a, store) for a in arms}
+        with creation_lock(url):   # results a race lost (see `claim`), from the trials' own folders; one process at a time
+            for a, s in studies.items(): recover_finished(s, root/a, tuning, a, log)
+        if jobs == 1: _work(tuning, arms, url, str(root), threads, heartbeat, log)
+        else:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+                for f in [pool.submit(_work, tuning, arms, url, str(root), threads, heartbeat) for _ in range(jobs)]: f.result()
+        for a, s in studies.items(): write_trials(s, root/a/"trials.csv", tuning.trials)   # every process's trials: the storage is read afresh
+    from dml_book.reads import read_text, MAX_LIST_BYTES
+    read = lambda a: pd.read_csv(io.StringIO(read_text(root/a/"trials.csv", "tune again", MAX_LIST_BYTES, what="trials file")))   # the checked reader
+    return pd.concat({a: read(a) for a in arms}, names=["arm"]).reset_index(level=0)
 
 # %% ../nbs/11e_tune.ipynb #b2c3d402
 CONFIRM_SECONDS = 3600   # `dml-book tune` asks before starting more work than this (or work it cannot time)
@@ -523,7 +581,7 @@ def _seconds_per_epoch(store, name: str, arm: str) -> tuple[float | None, str]:
     try:
         from dml_book.results import results_dir
         run = results_dir()/name/arm.removesuffix(ACTIVE)/"seed0"   # the method's own run times its arm searched with the mechanism at work
-        info, cfg = json.loads((run/"run.json").read_text()), json.loads((run/"metrics.json").read_text())["config"]
+        info, cfg = _record(run/"run.json", 1 << 16, "run record", "no estimate"), _record(run/"metrics.json", 64 << 20, "run metrics", "no estimate")["config"]   # never a FIFO's hang
         gpu = str(info.get("device", "cpu")).startswith("cuda")
         if gpu and not os.path.exists("/dev/nvidia0"): return None, ""   # a GPU's time says nothing of this machine's CPU
         return (info.get("wall_seconds") or info["cpu_seconds"]) / cfg["epochs"], f"the book's stored runs ({'a GPU' if gpu else 'a CPU'})"
@@ -550,8 +608,9 @@ def tuning_plan(name: str, # a study with a search space
     for a in arms:
         done = 0
         if store is not None:
-            try: done = _counts(optuna.load_study(study_name=f"{name}/{a}", storage=store))[0]
-            except KeyError: pass
+            with store_errors(url):   # a store locked, damaged or gone: one line
+                try: done = _counts(optuna.load_study(study_name=f"{name}/{a}", storage=store))[0]
+                except KeyError: pass
         left[a] = max(0, trials - done)
         s, where = _seconds_per_epoch(store, name, a)
         if s is not None: per[a] = s * epochs; source.add(where)

@@ -12,7 +12,8 @@ from pathlib import Path
 from .study_design import StudyError
 
 # %% auto #0
-__all__ = ['HEARTBEAT', 'default_storage', 'shown', 'sqlite_file', 'open_storage', 'creation_lock']
+__all__ = ['HEARTBEAT', 'SIDE_FILES', 'default_storage', 'shown', 'sqlite_file', 'refuse_side_links', 'open_storage',
+           'creation_lock', 'store_fault', 'store_error', 'store_errors']
 
 # %% ../nbs/11h_tune_storage.ipynb #ab63efa6
 HEARTBEAT = 60   # seconds between a running trial's heartbeats; a trial silent for 3 of them is failed and retried
@@ -51,6 +52,17 @@ def sqlite_file(url: str) -> Path | None:
         raise StudyError(f"storage {shown(url)} keeps nothing once the process ends: name a file (sqlite:///path/optuna.db) or a database server")
     return Path(db)
 
+SIDE_FILES = ("-journal", "-wal", "-shm", ".lock")   # what SQLite (and an older dml_book's lock) keeps beside a database file
+
+def refuse_side_links(db: Path, # an SQLite database file
+                     ):
+    "Refuse (`FileError`, one line) a link, dangling or not, in place of a file SQLite or a lock keeps beside `db`; its target is never named."
+    from dml_book.files import FileError
+    for side in SIDE_FILES:
+        p = db.with_name(db.name + side)
+        if p.is_symlink(): raise FileError(f"{p} is a symbolic link beside the storage {db}, and dml_book opens no journal or lock "
+                                           f"through a link (SQLite would write its target); remove the link")
+
 def open_storage(url: str, # an SQLAlchemy URL: sqlite:///path, postgresql+psycopg://user@host/db, mysql+pymysql://...
                  heartbeat: int = HEARTBEAT, # seconds between heartbeats
                 ):
@@ -62,12 +74,16 @@ def open_storage(url: str, # an SQLAlchemy URL: sqlite:///path, postgresql+psyco
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)   # heartbeats: stable in use since 2.9
     db = sqlite_file(url)
     if db is not None and db.is_symlink(): raise FileError(f"storage {db} is a symbolic link, and dml_book opens no database through a link; name the file itself")
+    if db is not None: refuse_side_links(db)
     kw = {"connect_args": {"timeout": 120}} if db is not None else {}   # two processes wait for each other's writes
     try:
         with creation_lock(url):   # two processes creating the tables at once would collide
             return RDBStorage(url, engine_kwargs=kw, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
                               heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=3))
-    except (SQLAlchemyError, ImportError) as e:   # a malformed URL, a missing driver, a server that does not answer
+    except SQLAlchemyError as e:
+        if store_fault(url, e)[1]: raise store_error(url, e) from None   # a wrong password, an unknown database, a server away: what to do
+        raise StudyError(f"storage {shown(url)} cannot be opened: {_hidden(url, str(e).splitlines()[0] if str(e) else type(e).__name__)}") from None
+    except ImportError as e:   # a missing driver
         hint = ("; install its driver: pip install 'psycopg[binary]' (in a clone: pip install '.[cluster]'), and name it in the URL: "
                 "postgresql+psycopg://...") if isinstance(e, ImportError) else ""
         raise StudyError(f"storage {shown(url)} cannot be opened: {_hidden(url, str(e).splitlines()[0] if str(e) else type(e).__name__)}{hint}") from None
@@ -103,3 +119,43 @@ def creation_lock(url: str):
         try: yield
         finally:
             if unlock: c.execute(text(unlock), {"k": _LOCK_KEY})
+
+# %% ../nbs/11h_tune_storage.ipynb #078ba7e4
+_STORE_FAULTS = (   # (words of the driver's message, lower case; what the line says)
+    (("readonly", "read-only", "permission denied", "unable to open database"), "cannot be written (a read-only folder or file?): make it writable, or tune into another --storage"),
+    (("database or disk is full", "no space left"), "is on a full disk: free some space and run the same command again (the tuning resumes)"),
+    (("database is locked",), "stayed locked by another process past SQLite's wait: let the other tuning finish, or end it, and run the same command again"),
+    (("file is not a database", "malformed", "no such table", "no such column"), "is not a tuning database, or is damaged: move it aside and tune again (finished trials are read back from their folders)"),
+    (("password authentication failed", "access denied", "authentication failed"), "refused the login: check the user and password (not shown) in --storage"),
+    (("does not exist", "unknown database"), "names a database the server does not have: create it (createdb NAME) or name another in --storage"),
+    (("connection refused", "could not connect", "connection failed", "connection is bad", "is the server running", "server closed the connection", "terminating connection", "connection is closed",
+      "lost connection", "gone away", "consuming input failed", "connection timed out", "could not translate host name"),
+     "cannot be reached (the server went away?): start it again and run the same command (the tuning resumes)"),
+)
+
+def store_fault(url: str, # the store's SQLAlchemy URL
+                e: BaseException, # what Optuna or SQLAlchemy raised
+               ) -> tuple[str, str | None]: # the driver's first line (password hidden), and what to do (None: not a known fault)
+    "What the store at `url` said (its cause, through Optuna's wrapper) and, for a known fault, what to do."
+    cause = e
+    while getattr(cause, "orig", None) is None and (cause.__cause__ or cause.__context__) is not None: cause = cause.__cause__ or cause.__context__
+    text = _hidden(url, (str(getattr(cause, "orig", None) or cause).strip().splitlines() or [type(cause).__name__])[0])
+    return text, next((what for words, what in _STORE_FAULTS if any(w in text.lower() for w in words)), None)
+
+def store_error(url: str, # the store's SQLAlchemy URL
+                e: BaseException, # what Optuna or SQLAlchemy raised
+               ) -> StudyError:
+    "One line for an error of the store at `url`: the store (no password) and what to do."
+    text, what = store_fault(url, e)
+    if what: return StudyError(f"storage {shown(url)} {what}")
+    return StudyError(f"storage {shown(url)} failed ({text[:200]}): run the same command again, or tune into another --storage")
+
+@contextmanager
+def store_errors(url: str, # the store's SQLAlchemy URL
+                ):
+    "Run the block; an error Optuna or SQLAlchemy raises for the store becomes `store_error`'s one line."
+    from sqlalchemy.exc import SQLAlchemyError
+    from optuna.exceptions import StorageInternalError
+    try: yield
+    except (SQLAlchemyError, StorageInternalError) as e: raise store_error(url, e) from None
+

@@ -10,11 +10,12 @@ import json
 from pathlib import Path
 import pandas as pd
 from .tune import Tuning, tuning_spec, TRIALS
+from .results import read_table, count, flag, blank, number, fraction, json_object
 
 # %% auto #0
-__all__ = ['space_frame', 'read_trials', 'counted', 'best_so_far', 'plot_best_so_far', 'knob_importances', 'best_settings',
-           'tuning_progress', 'both_verdicts', 'tuning_sentence', 'show_mechanism', 'where_trials_ran', 'where_decided',
-           'show_tuning']
+__all__ = ['TRIAL_COLUMNS', 'TRIAL_OPTIONAL', 'space_frame', 'read_trial_table', 'read_trials', 'counted', 'best_so_far',
+           'plot_best_so_far', 'knob_importances', 'best_settings', 'tuning_progress', 'both_verdicts',
+           'tuning_sentence', 'show_mechanism', 'where_trials_ran', 'where_decided', 'show_tuning']
 
 # %% ../nbs/11f_tuning_report.ipynb #9dd03ff1
 def space_frame(tuning: Tuning) -> pd.DataFrame:
@@ -23,13 +24,33 @@ def space_frame(tuning: Tuning) -> pd.DataFrame:
                          for a, ks in tuning.spaces.items() for k in ks]).set_index(["arm", "knob"])
 
 # %% ../nbs/11f_tuning_report.ipynb #1fca4448
+_FRACTION = (lambda v: blank(v) or fraction(v), "empty or a fraction in [0, 1]")
+_FLAG = (lambda v: blank(v) or flag(v), "empty or true or false")
+TRIAL_COLUMNS = {"number": (count, "a trial number"), "state": (lambda v: isinstance(v, str) and v != "", "the trial's state"),
+                 "val_R1": _FRACTION, "params": (json_object, "the knob values (a JSON object)")}
+TRIAL_OPTIONAL = {"counted": (flag, "true or false"), "first": (flag, "true or false"), "feasible": _FLAG,
+                  "cpu_seconds": (lambda v: blank(v) or number(v) and v >= 0, "empty or seconds >= 0"),
+                  "retry_of": (lambda v: blank(v) or count(v), "empty or a trial number"),
+                  "criterion_value": (lambda v: blank(v) or number(v), "empty or a number"), "constraint": (lambda v: blank(v) or number(v), "empty or a number")}
+
+def read_trial_table(path, # an arm's `trials.csv`
+                    ) -> pd.DataFrame:
+    "A stored `trials.csv` through `results.read_table`, every column checked, each counted trial with its value; one `FileError` naming it otherwise."
+    from dml_book.files import FileError
+    fix = "restore it from git, or delete it: `dml-book tune` writes it again from the study's database"
+    frame = read_table(path, TRIAL_COLUMNS, fix, optional=TRIAL_OPTIONAL)
+    done = frame.counted if "counted" in frame else frame.state == "COMPLETE"
+    if (lost := done & frame.val_R1.isna()).any():
+        raise FileError(f"{path}: trial {int(frame.number[lost].iloc[0])} counts but records no validation R@1; {fix}")
+    return frame
+
 def read_trials(results, # the results store
                 name: str, # the study
                 arms=None, # only these arms (None: every arm stored, those searched with the mechanism at work too)
                ) -> pd.DataFrame | None:
-    "Every stored `trials.csv` of study `name` (of `arms`), with its arm; None when none is stored."
+    "Every stored `trials.csv` of study `name` (of `arms`), with its arm, each read through `read_trial_table`; None when none is stored."
     files = [f for f in sorted((Path(results)/name/"tuning").glob("*/trials.csv")) if arms is None or f.parent.name in arms]
-    return pd.concat([pd.read_csv(f).assign(arm=f.parent.name) for f in files], ignore_index=True) if files else None
+    return pd.concat([read_trial_table(f).assign(arm=f.parent.name) for f in files], ignore_index=True) if files else None
 
 def counted(trials: pd.DataFrame) -> pd.DataFrame:
     "The trials that count towards the budget: each setting's first complete try (a repeated retry does not count twice)."
@@ -145,7 +166,7 @@ def show_mechanism(name: str, # a method (its study's main arm has its name)
     ref = reference_run(name, root, study=study)
     if ref is None: print(f"No reference run of {study} is stored yet ({study}/{name}/seed0/log.jsonl)."); return None
     steps, epochs = ref
-    said = METHODS.get(name).diagnose(steps, epochs, load_run(root/study/name/"seed0")["config"]["method_kwargs"])
+    said = METHODS.get(name).diagnose(steps, epochs, load_run(root/study/name/"seed0")["config"].get("method_kwargs") or {})
     print(*said, sep="\n")
     return said
 
@@ -156,10 +177,14 @@ def where_trials_ran(name: str, # a study with stored trials
     from collections import Counter
     from dml_book.results import results_dir
     from dml_book.study import where_ran
+    from dml_book.files import read_json
     root = results_dir() if root is None else Path(root); seen = Counter()
+    schema = {"run": (lambda v: isinstance(v, dict) and isinstance(v.get("precision"), str), "the run's record with its precision"),
+              "environment": (lambda v: isinstance(v, dict) and isinstance(v.get("cuda"), (str, type(None))), "the run's environment")}
     for f in sorted((root/name/"tuning").glob("*/trial*/metrics.json")):
-        m = json.loads(f.read_text()); device = where_ran(f.parent) or "an unrecorded device"
-        if device.startswith("cuda"): device = (m.get("environment") or {}).get("cuda") or device   # trials stored before run.json named the GPU
+        m = read_json(f, schema, f"rerun the trial into {f.parent}, or remove the folder", max_bytes=256 << 20)
+        device = where_ran(f.parent) or "an unrecorded device"
+        if device.startswith("cuda"): device = m["environment"].get("cuda") or device   # trials stored before run.json named the GPU
         seen[f"{device} in {m['run']['precision']}"] += 1
     return ", ".join(f"{k} ({v} trial{'s' * (v != 1)})" for k, v in seen.items()) or "nothing yet"
 

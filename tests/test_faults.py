@@ -124,6 +124,7 @@ BAD_SETTINGS = {  # field: (command-line flags, a fragment of the one-line error
     "progress": (["--config", "{tmp}/p.yaml"], "progress=3 is invalid"),
     "umap": (["--config", "{tmp}/u.yaml"], "umap='no' is invalid"),
     "allow_collapse": (["--config", "{tmp}/ac.yaml"], "allow_collapse='yes' is invalid"),
+    "plan_sha": (["--plan-sha", "abc"], "plan_sha='abc' is invalid"),
 }
 
 
@@ -411,3 +412,21 @@ def test_a_batch_of_images_past_the_memory_is_refused():
     with pytest.raises(ConfigError, match=r"batch_size=65536 images of image_size=8192: one batch needs 49152.0 GiB"):
         check_counts(TrainConfig(batch_size=MAX_BATCH, image_size=8192))
     check_counts(TrainConfig(batch_size=64, image_size=224))   # 38.5 MB: fine anywhere
+
+
+def test_a_finite_gradient_too_large_for_adam_is_skipped_and_ordinary_updates_stay_bit_identical():
+    "PADS's policy: an advantage of 3e38 gives a finite gradient whose square is inf in Adam's second moment (freezing every later step); it is skipped."
+    import copy
+    from dml_book.methods.pads_policy import PolicyLearner
+    torch.manual_seed(0); s0, s1, acts = torch.randn(6), torch.randn(6), torch.tensor([0, 1, 2])
+    agent = PolicyLearner(6, 3, hidden=(8,), baseline="ema"); twin = copy.deepcopy(agent)
+    out = agent.update(s0, acts, 3e38, s1)
+    assert out["skipped"] == 1.0 and agent.optimizer.state_dict()["state"] == {}
+    assert all(torch.isfinite(p).all() for p in agent.policy.parameters())
+    agent.reward_ema, agent.n_updates = twin.reward_ema, twin.n_updates
+    for r in (1.0, -1.0, 1.0):   # ordinary updates: the same to the bit as those of a learner that never met the huge one
+        a, b = agent.update(s0, acts, r, s1), twin.update(s0, acts, r, s1)
+        assert a == b and a["skipped"] == 0.0
+        assert all(torch.equal(x, y) for x, y in zip(agent.policy.state_dict().values(), twin.policy.state_dict().values()))
+    moved = copy.deepcopy(agent.policy.state_dict()); agent.update(s0, acts, 1.0, s1)
+    assert any(not torch.equal(moved[k], v) for k, v in agent.policy.state_dict().items())   # the policy still learns

@@ -439,3 +439,14 @@ def test_an_experiment_that_fails_keeps_the_previous_executed_notebook(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train_eval.failed.ipynb", "train_eval.ipynb"]
     monkeypatch.setattr(papermill, "execute_notebook", lambda src, dest, **kw: Path(dest).write_text('{"new": true}'))
     assert run_experiment("train_eval", out_dir=str(tmp_path), progress=False).read_text() == '{"new": true}'
+
+
+def test_a_file_that_already_holds_the_bytes_is_not_rewritten(tmp_path):
+    "A command with nothing to change writes nothing: the same bytes leave the file's time (and inode) as they were; other bytes replace it."
+    import time
+    from dml_book.files import write_text
+    p = write_text(tmp_path/"trials.csv", "a,b\n1,2\n"); st = os.stat(p); time.sleep(0.01)
+    write_text(p, "a,b\n1,2\n")
+    assert (os.stat(p).st_mtime_ns, os.stat(p).st_ino) == (st.st_mtime_ns, st.st_ino) and sorted(os.listdir(tmp_path)) == ["trials.csv"]
+    write_text(p, "a,b\n1,3\n")
+    assert p.read_text() == "a,b\n1,3\n" and os.stat(p).st_ino != st.st_ino

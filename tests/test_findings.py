@@ -1,5 +1,5 @@
-"""What we found, computed and never typed: the README's verdict column equals the stored studies read by hand, the
-front page "What we found" shows the verdicts (tests/test_saved_outputs.py checks its saved outputs against a fresh execution), and the README's links resolve on a
+"""What we found, computed and never typed: the README's first table and the findings page's every line equal the
+stored studies read by hand, the front page "What we found" shows the verdicts (tests/test_saved_outputs.py checks its saved outputs against a fresh execution), and the README's links resolve on a
 repository viewer (relative links to files of the repository, none to unbuilt `*.html` pages)."""
 import json, re, sys
 from pathlib import Path
@@ -26,8 +26,10 @@ def by_hand(folder: Path, arm: str, base: str = "baseline"):
 
 
 def readme_row(method: str) -> str:
-    readme = (ROOT/"README.md").read_text().splitlines()
-    return next(l for l in readme if l.startswith(f"| [{method.upper()}](nbs/"))
+    "The method's row of the findings page's every line (the README's methods table carried it before the first screen)."
+    nb = json.loads((ROOT/"nbs"/"what_we_found.ipynb").read_text())
+    lines = "".join(next(c["source"] for c in nb["cells"] if c.get("id") == "every-line")).splitlines()
+    return next(l for l in lines if l.startswith(f"| [{method.upper()}]("))
 
 
 CELL = re.compile(r"(from scratch|pretrained)((?:, tuned)?): ([+-]\d+\.\d) \(([+-]\d+\.\d) to ([+-]\d+\.\d)\), (\d+) seeds: (better|worse|undecided)")
@@ -45,7 +47,7 @@ def test_readme_verdicts_equal_the_stored_studies(method):
             diff, lo, hi, seeds, decided = said[regime, settings]
             assert [float(diff), float(lo), float(hi)] == pytest.approx([mean, low, high], abs=0.051), (regime, settings, row)
             assert int(seeds) == n and decided == ("better" if low > 0 else "worse" if high < 0 else "undecided")
-    assert f"([study](nbs/experiments/{method}.ipynb))" in row
+    assert f"([study](experiments/{method}.html))" in row
 
 
 MOVED = re.compile(r"(from scratch|pretrained), tuned: (?:(?!<br>).)*? \(tuning moved the baseline ([+-]\d+\.\d), (\w+) ([+-]\d+\.\d)\)")
@@ -86,3 +88,39 @@ def test_findings_page_shows_the_verdicts_figure_and_table():
     "Its outputs are saved (a fresh execution gives the same: tests/test_saved_outputs.py); here, what they must hold."
     kept = _outputs(json.loads((ROOT/"nbs"/"what_we_found.ipynb").read_text()))
     assert kept["findings-figure"][1] and "| [HDML](experiments/hdml.html) | from scratch |" in kept["findings-table"][0]
+
+
+FIRST = re.compile(r"^\| \[(\w+)\]\(nbs/[^)]+\) \| (from scratch|pretrained) \| ([^|]+) \| ([^|]+) \|$")
+NUMBER = re.compile(r"^([+-]\d+\.\d) \(([+-]\d+\.\d) to ([+-]\d+\.\d)\), Holm: (better|worse|undecided)(; earlier than the plans)?$")
+
+@pytest.mark.parametrize("method", METHODS)
+def test_readme_first_table_equals_the_stored_studies(method):
+    """Each first-screen row, by hand: the mechanism's effect from a certified study's `<method>` and `<method>-off` arms
+    ("not yet measured" without one); against the tuned baseline from the certified baseline, else the study tuned with
+    its mechanism at work, marked earlier, else its search's infeasible.json; the interval within 0.05 of the hand's."""
+    rows = {m[2]: m.groups()[2:] for l in (ROOT/"README.md").read_text().splitlines()[:60] if (m := FIRST.match(l)) and m[1] == method.upper()}
+    assert set(rows) == {"from scratch", "pretrained"}, rows
+    for regime, study in (("from scratch", RESULTS/method), ("pretrained", RESULTS/"pretrained"/method)):
+        effect, against = (c.strip() for c in rows[regime])
+        cert = study/"certified"
+        if len(_paired(cert, method, f"{method}-off")) >= 2:
+            n = NUMBER.match(effect); mean, low, high, _ = by_hand(cert, method, f"{method}-off")
+            assert n and [float(x) for x in n.groups()[:3]] == pytest.approx([mean, low, high], abs=0.051), (regime, effect)
+        else: assert effect == "not yet measured", (regime, effect)
+        folder, earlier = (cert, False) if len(_paired(cert, method)) >= 2 else (study/"tuned-active", True)
+        if len(_paired(folder, method)) >= 2:
+            n = NUMBER.match(against); mean, low, high, _ = by_hand(folder, method)
+            assert n and [float(x) for x in n.groups()[:3]] == pytest.approx([mean, low, high], abs=0.051), (regime, against)
+            assert bool(n.group(5)) == earlier, (regime, against)
+        elif (study/"tuning"/f"{method}-active"/"infeasible.json").is_file():
+            assert against == "no setting kept the mechanism at work; earlier than the plans", (regime, against)
+        else: assert against == "not yet measured", (regime, against)
+
+
+def test_print_findings_shows_its_settings_column():
+    "`print(findings())` names each line's settings (pandas would fold that column into '...')."
+    sys.path.insert(0, str(ROOT))
+    from dml_book.findings import findings
+    f = findings(["hdml"], RESULTS)
+    shown = str(f)
+    assert "settings" in shown.splitlines()[0] and "tuned, mechanism at work" in shown and "..." not in shown

@@ -403,3 +403,68 @@ def test_weights_are_keyword_only():
     raw, labels = make_batch(8, 2, True, torch.float64, seed=1)
     with pytest.raises(ValueError, match="weights is keyword-only"): TripletLoss()(raw, labels, None, torch.ones(3))   # 4th: ref_emb, as in PML
     with pytest.raises(ValueError, match="together"): TripletLoss()(raw, labels, None, raw)
+
+
+# A batch a loss cannot use: PML's value (0; NaN for two proxy losses on an empty batch, where ours give 0), said once.
+PML_OF = {TripletLoss: lambda: pml_losses.TripletMarginLoss(margin=0.2), ContrastiveLoss: pml_losses.ContrastiveLoss,
+          MarginLoss: lambda: pml_losses.MarginLoss(nu=0), NPairLoss: pml_losses.NPairsLoss,
+          LiftedStructureLoss: lambda: pml_losses.LiftedStructureLoss(neg_margin=1), AngularLoss: pml_losses.AngularLoss,
+          MultiSimilarityLoss: pml_losses.MultiSimilarityLoss, ProxyNCALoss: lambda: pml_losses.ProxyNCALoss(4, 6),
+          ProxyAnchorLoss: lambda: pml_losses.ProxyAnchorLoss(4, 6), NormSoftmaxLoss: lambda: pml_losses.NormalizedSoftmaxLoss(4, 6)}
+
+
+def unusable_batches():
+    x = F.normalize(torch.randn(8, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64), dim=1)
+    return {"empty": (x[:0], torch.zeros(0, dtype=torch.long)), "one_image": (x[:1], torch.tensor([0])),
+            "singletons": (x[:4], torch.arange(4)), "one_class": (x, torch.zeros(8, dtype=torch.long)),
+            "one_paired_class": (x[:3], torch.tensor([0, 0, 1]))}
+
+
+@pytest.mark.parametrize("case", list(unusable_batches()))
+@pytest.mark.parametrize("cls", list(PML_OF), ids=lambda c: c.__name__)
+def test_unusable_batch_gives_pml_value_and_is_said_once(cls, case):
+    import warnings
+    from dml_book.losses.base import UnusableBatchWarning
+    x, labels = unusable_batches()[case]
+    ours = (cls(4, 6) if cls.uses_proxies else cls()).double()
+    pml = PML_OF[cls]().double()
+    if cls.uses_proxies:
+        with torch.no_grad():
+            theirs = pml.proxies if hasattr(pml, "proxies") else pml.W
+            theirs.copy_(ours.proxies if theirs.shape == ours.proxies.shape else ours.proxies.T)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        v = ours(x, labels); ours(x, labels)
+    said = [w for w in said if issubclass(w.category, UnusableBatchWarning)]
+    p = pml(x, labels)
+    if said:   # the loss could not use the batch: PML's 0 (or NaN, where ours is 0), said once
+        assert len(said) == 1 and cls.__name__ in str(said[0].message) and "\n" not in str(said[0].message)
+        assert v.item() == 0. and (p.item() == 0. or (math.isnan(p.item()) and case == "empty" and cls.uses_proxies)), (v, p)
+    else:      # a batch it can use: PML's value, no word
+        assert abs(v.item() - p.item()) < 1e-9, (v, p)
+
+
+def test_npair_on_singletons_is_said():
+    import warnings
+    from dml_book.losses.base import UnusableBatchWarning
+    x = F.normalize(torch.randn(4, 6, dtype=torch.float64), dim=1)
+    with pytest.warns(UnusableBatchWarning, match="NPairLoss: no class has two embeddings \\(4 singletons\\)"):
+        assert NPairLoss()(x, torch.arange(4)).item() == pml_losses.NPairsLoss()(x, torch.arange(4)).item() == 0.
+    empty = (torch.zeros(0, dtype=torch.long),) * 3
+    with pytest.warns(UnusableBatchWarning, match="TripletLoss: the indices_tuple holds no tuple"):
+        TripletLoss()(x, torch.tensor([0, 0, 1, 1]), empty)
+
+
+@pytest.mark.parametrize("build,says", [(lambda: TripletLoss(margin="0.2"), "TripletLoss: margin='0.2' is not a number"),
+                                        (lambda: TripletLoss(margin=True), "TripletLoss: margin=True is not a number"),
+                                        (lambda: ProxyAnchorLoss(4.5, 8), "ProxyAnchorLoss: num_classes=4.5 is not a whole number"),
+                                        (lambda: MultiSimilarityLoss(epsilon="0.1"), "epsilon='0.1' is not a number or None"),
+                                        (lambda: AngularLoss(normalize="no"), "AngularLoss: normalize='no' is not true or false"),
+                                        (lambda: BatchHardMiner(normalize=1), "BatchHardMiner: normalize=1 is not true or false"),
+                                        (lambda: SemiHardMiner(margin=[0.2]), "SemiHardMiner: margin=[0.2] is not a number")])
+def test_a_constructor_argument_of_the_wrong_kind_is_one_line(build, says):
+    "A loss or miner given a number of the wrong kind refuses it at construction, not with a TypeError inside the first batch."
+    with pytest.raises(ValueError) as e: build()
+    assert says in str(e.value) and "\n" not in str(e.value)
+    import numpy as np
+    assert TripletLoss(margin=np.float64(0.3)).margin == 0.3 and ProxyAnchorLoss(np.int64(4), 8).proxies.shape == (4, 8)   # numpy's numbers are numbers

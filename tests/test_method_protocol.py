@@ -93,7 +93,7 @@ def test_the_trainer_is_a_trainer_view_and_methods_use_nothing_else(tmp_path):
 
 
 def test_only_the_documented_custom_steps_step_an_optimiser():
-    "Every `.step()`/`.backward()` in dml_book/methods sits in a `custom_step` (HDML, ALA), or in PADS's policy learner."
+    "Every `.step()`/`.backward()` in dml_book/methods sits in a `custom_step` (HDML, ALA), PADS's policy learner, or the plain loop's stand-in for the trainer."
     found = []
     for path in sorted((ROOT/"dml_book"/"methods").glob("*.py")):
         tree = ast.parse(path.read_text())
@@ -101,7 +101,8 @@ def test_only_the_documented_custom_steps_step_an_optimiser():
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)): continue
             calls = {n.func.attr for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
             if calls & {"step", "backward", "backward_and_step", "step_optimizers"}: found.append(f"{path.stem}.{fn.name}")   # the last two: the trainer's scaler-aware steps
-    assert sorted(found) == ["ala.custom_step", "hdml.custom_step", "pads_policy.update"], found
+    loop = ["base.backward_and_step", "base.method_step", "base.step_optimizers"]   # `LoopView`/`method_step`: the trainer's step for a plain loop
+    assert sorted(found) == sorted(["ala.custom_step", "hdml.custom_step", "pads_policy.update", *loop]), found
     for cls in (Baseline, PADS):   # the trainer's step for these: no custom step of their own
         assert cls.custom_step is Method.custom_step
 
@@ -144,3 +145,14 @@ def test_the_toy_method_of_08a_trains_under_torchrun(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6) and a["spread"] == pytest.approx(b["spread"], rel=1e-6)
         assert np.isfinite(a["loss"]) and 0 <= a["spread"] <= 1
     assert json.loads((tmp_path/"run"/"metrics.json").read_text())["final"]["R@1"] > 0
+
+
+def test_the_plain_loop_view_is_a_trainer_view_and_nothing_more():
+    "`LoopView` (the chapters' \"In your own loop\") holds every member of `TrainerView` and, besides them, only the method it embeds with."
+    import dataclasses, torch
+    from dml_book.methods.base import LoopView, TrainerView
+    declared = set(TrainerView.__annotations__) | {n for n in vars(TrainerView) if not n.startswith("_") and callable(vars(TrainerView)[n])}
+    view = LoopView(torch.nn.Linear(2, 2), torch.nn.MSELoss(), train_ds=None, cfg=None)
+    assert isinstance(view, TrainerView)
+    mine = {f.name for f in dataclasses.fields(LoopView)} | {n for n in vars(LoopView) if not n.startswith("_") and callable(vars(LoopView)[n])}
+    assert mine - declared == {"method"} and declared <= mine, (mine - declared, declared - mine)

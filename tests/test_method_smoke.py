@@ -43,3 +43,20 @@ def test_a_resumed_run_records_the_criterion_of_its_whole_log(tmp_path, one_thre
     (tmp_path/"run"/"metrics.json").unlink()
     Trainer(cfg).fit()   # resumes at epoch 2 of 2: no step taken, the epoch records come from the checkpoint
     assert first["value"] is not None and json.loads((tmp_path/"run"/"metrics.json").read_text())["mechanism"] == first
+
+
+@pytest.mark.parametrize("method", ["ala", "hdml", "dcml", "pads", "dmml"])
+def test_every_method_trains_switched_off_by_name_and_fails_its_criterion(method, tmp_path, one_thread):
+    "`--method-kwargs '{\"mechanism_off\": true}'` (the protocol's switch) trains by name; the run reads the mechanism's fixed value and is not at work."
+    from dml_book.methods.base import MECHANISM_SWITCH, has_switch, against_null, null_record, switched_off
+    assert has_switch(METHODS.get(method)) and MECHANISM_SWITCH == "mechanism_off"
+    out = tmp_path/"run"
+    assert main(["train", "--method", method, "--dataset", "glyphs", "--dataset-kwargs", json.dumps(GLYPHS), "--epochs", "1",
+                 "--max-steps-per-epoch", "2", "--ks", "1", "--device", "cpu", "--num-workers", "0", "--no-umap", "--no-progress",
+                 "--method-kwargs", json.dumps(switched_off({})), "--out", str(out)]) == 0
+    mech = json.loads((out/"metrics.json").read_text())["mechanism"]
+    fixed = {"dcml": 0.0, "pads": 0.0, "dmml": 1.0}   # uniform compositors: no selection; p = p_0: KL 0; one support image
+    if method in fixed: assert mech["value"] == fixed[method]
+    if method == "hdml": assert mech["parts"][0]["value"] == 0.0   # J_metric = J(T): 1 - w = 0
+    if method == "ala": mech = against_null(mech, null_record("assessor frozen at initialisation", [mech["value"]]))   # its own draw
+    assert mech["active"] is False

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from pytorch_metric_learning import miners as pml_miners
 
 from dml_book.registry import MINERS
-from dml_book.miners import Miner, SemiHardMiner, BatchHardMiner, DistanceWeightedMiner
+from dml_book.miners import Miner, SemiHardMiner, BatchHardMiner, DistanceWeightedMiner, RandomTripletMiner
 
 BATCHES = [(12, 4, True), (32, 8, True), (40, 5, False), (64, 16, True), (48, 40, False)]
 
@@ -191,3 +191,27 @@ def test_miners_with_ref_emb_equal_pml(seed):
     pos = (labels[:, None] == ref_labels[None]).sum()
     assert len(a) <= pos and len(a) > 0
     with pytest.raises(ValueError, match="dimension"): BatchHardMiner()(x, labels, ref[:, :4], ref_labels)
+
+
+def test_degenerate_batches_give_pmls_empty_result_and_are_said_once():
+    import warnings
+    from pytorch_metric_learning import miners as pml_miners
+    from dml_book.losses.base import UnusableBatchWarning
+    x = F.normalize(torch.randn(6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64), dim=1)
+    batches = {"empty": (x[:0], torch.zeros(0, dtype=torch.long)), "singletons": (x, torch.arange(6)),
+               "one_class": (x, torch.zeros(6, dtype=torch.long)), "one_image": (x[:1], torch.tensor([3]))}
+    peers = {BatchHardMiner: pml_miners.BatchHardMiner, DistanceWeightedMiner: pml_miners.DistanceWeightedMiner,
+             SemiHardMiner: lambda: pml_miners.TripletMarginMiner(0.2, type_of_triplets="semihard"),
+             RandomTripletMiner: lambda: pml_miners.TripletMarginMiner(10., type_of_triplets="all")}
+    for cls, peer in peers.items():
+        miner = cls()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            for case, (e, l) in batches.items():
+                ours = miner(e, l)
+                assert [len(t) for t in ours] == [0, 0, 0] and all(t.dtype == torch.long for t in ours), (cls, case)
+                if case != "empty": assert [len(t) for t in peer()(e, l)] == [0, 0, 0]   # PML's (its batch-hard: IndexError on empty)
+        said = [str(w.message) for w in said if issubclass(w.category, UnusableBatchWarning)]
+        assert said == [f"{cls.__name__}: the batch is empty; it mines no triplet, as in pytorch-metric-learning (said once per object)"], said
+    with pytest.warns(UnusableBatchWarning, match="BatchHardMiner: the batch holds one class: no negative"):
+        BatchHardMiner()(x, torch.zeros(6, dtype=torch.long))

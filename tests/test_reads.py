@@ -355,3 +355,14 @@ def test_a_benchmarks_list_and_archive_are_read_through_the_reading_layer(tmp_pa
     one_line_error(cli(*argv), f"index file {images} leads outside")
     os.mkfifo(tmp_path/"a.tgz")
     with pytest.raises(FileError, match="archive .*a.tgz is a FIFO"): file_hash(tmp_path/"a.tgz")
+
+
+@pytest.mark.parametrize("named", ["folder", "file"])
+def test_a_dataset_csv_linked_out_of_its_folder_is_refused_quoting_nothing(tmp_path, named):
+    root = make_tree(tmp_path/"data"); write_csv(root)
+    (root/"dataset.csv").unlink()
+    secret = tmp_path/"secret.csv"; secret.write_text("the_secret_column,other\n1,2\n")
+    (root/"dataset.csv").symlink_to(secret)
+    r = cli("train", "--dataset", "csv", "--data-root", root if named == "folder" else root/"dataset.csv", *OWN, "--out", tmp_path/"run")
+    one_line_error(r, "leads outside", str(root))
+    assert "the_secret_column" not in r.stderr and "secret.csv" not in r.stderr

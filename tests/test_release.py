@@ -38,3 +38,30 @@ def test_wheel_check_passes_on_todays_findings_and_names_each_difference():
     said = wheel_check.problems(changed, today)
     assert len(said) == 1 and said[0].startswith(f"{first}: decided is") and "in the clone" in said[0]
     assert wheel_check.problems(today.iloc[:0], today.iloc[:0]) == ["the clone's results/ give no finding: nothing to check the wheel against"]
+
+
+def test_keep_names_a_new_folder_and_nothing_outside_the_check_is_deleted(tmp_path):
+    "`--keep` naming an existing folder or file is one line, and the folder stays; the wheel's venv is the check's own, never /tmp/wheel-env."
+    import subprocess
+    for existing in (tmp_path/"file", tmp_path/"dir"):   # the file first: the old check failed on it at once
+        existing.mkdir() if existing.name == "dir" else existing.write_text("mine")
+        (tmp_path/"dir"/"keep-me").write_text("mine") if existing.name == "dir" else None
+        r = subprocess.run([sys.executable, str(ROOT/"tools"/"release_check.py"), "--keep", str(existing)], capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and "exists; name a new folder" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    assert (tmp_path/"dir"/"keep-me").read_text() == "mine" and (tmp_path/"file").read_text() == "mine"
+    check = next(s["run"] for s in release_check.build_steps() if "wheel_check.py" in s["run"])
+    local = release_check.local_step(check, tmp_path/"work")
+    assert release_check.RUNNER_VENV in check and release_check.RUNNER_VENV not in local and str(tmp_path/"work"/"wheel-env") in local
+    assert "rmtree" not in (ROOT/"tools"/"release_check.py").read_text().split("def main", 1)[1].split("if not args.keep", 1)[0]
+
+
+def test_wheel_check_names_an_infeasible_line_the_wheel_lacks(tmp_path):
+    "A store without ALA's infeasible.json (as the wheel `python -m build` made before MANIFEST.in named it) is one line."
+    import shutil
+    shipped = tmp_path/"results"
+    shutil.copytree(ROOT/"results"/"ala", shipped/"ala", ignore=shutil.ignore_patterns("*.jsonl", "*.pt", "*.db", "*.csv", "*.png"))
+    assert wheel_check.infeasible_problems(shipped, ROOT/"results") == []   # ALA's from-scratch search: the same line in both
+    (shipped/"ala"/"tuning"/"ala-active"/"infeasible.json").unlink()
+    said = wheel_check.infeasible_problems(shipped, ROOT/"results")
+    assert [s.split(":")[0] for s in said] == ["ala / from scratch"] and "None in the wheel" in said[0]

@@ -112,7 +112,8 @@ def test_system_packages_script_names_what_is_missing(tmp_path, installed):
     stub.write_text("#!/bin/sh\n" + ("printf 'install ok installed'\n" if installed else "exit 1\n")); stub.chmod(0o755)
     r = subprocess.run(["sh", str(ROOT/"tools"/"system_packages.sh"), "--command"], capture_output=True, text=True,
                        env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
-    assert r.returncode == 0 and r.stdout.strip() == ("" if installed else "sudo apt-get install -y chromium postgresql"), r
+    listed = (ROOT/"tools"/"system_packages.sh").read_text().split('PACKAGES="', 1)[1].split('"', 1)[0].split()
+    assert r.returncode == 0 and r.stdout.strip() == ("" if installed else "sudo apt-get install -y " + " ".join(listed)), r
 
 
 def _screenshot(chromium, url, png):

@@ -140,3 +140,31 @@ def test_frozen_batchnorm_keeps_a_resnet18s_statistics_and_affine_parameters(one
     assert not torch.equal(model.backbone.conv1.weight, conv)                 # while the convolutions do train
     small = build_model("smallcnn", 8, freeze_bn=True)   # allowed, as for a torchvision backbone: a served run loads its statistics
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in small.modules())
+
+
+@pytest.mark.parametrize("args,kw,says", [((), dict(method=object()), "Trainer's method must be a Method"),
+                                          ((), dict(method=3), "or a registered name, got int"),
+                                          (({"epochs": 1},), {}, "Trainer's cfg must be a TrainConfig (or None), got dict"),
+                                          ((), dict(epoch=1), "Trainer got 'epoch', not a field of TrainConfig")])
+def test_trainer_refuses_objects_of_the_wrong_type_in_one_line(args, kw, says):
+    from dml_book.train import Trainer
+    from dml_book.config import ConfigError
+    with pytest.raises(ConfigError) as e: Trainer(*args, **kw)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_umap_phase_is_announced_before_it_starts(tmp_path, monkeypatch, capsys):
+    "After the last epoch UMAP draws for minutes: `dml-book train` says so in one line before, not after."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import dml_book.viz
+    from dml_book.cli import main
+    seen = []
+    def fake_umap(embeddings, labels, title=""):
+        seen.append(capsys.readouterr().out)   # what the user had read when the long phase began
+        return plt.figure()
+    monkeypatch.setattr(dml_book.viz, "plot_umap", fake_umap)
+    args = [a for a in ARGS if a != "--no-umap"]
+    assert main(["train", *args, "--epochs", "1", "--max-steps-per-epoch", "2", "--out", str(tmp_path/"run")]) == 0
+    assert len(seen) == 1 and seen[0].rstrip().splitlines()[-1].startswith("drawing the UMAP of the test embedding ("), seen
+    assert (tmp_path/"run"/"umap.png").exists()

@@ -262,3 +262,25 @@ def test_where_trials_ran_names_each_device_and_format(tmp_path):
     trial("b", 1, {"device": "cpu"}, None, "fp32"); trial("b", 2, {"device": "cpu"}, None, "fp32")
     assert R.where_trials_ran("s", tmp_path) == "NVIDIA H200 in bf16 (1 trial), NVIDIA H100 80GB HBM3 in bf16 (1 trial), the CPU in fp32 (2 trials)"
     assert R.where_trials_ran("none", tmp_path) == "nothing yet"
+
+
+def test_a_tuning_with_nothing_left_to_run_writes_nothing(tmp_path, one_thread):
+    "Run again once its budget is met, a tuning leaves every file of its tree as it was: bytes and modification times."
+    import hashlib, time
+    tuning = tiny_tuning(trials=1, epochs=1)
+    T.tune(tuning, tmp_path, log=lambda line: None)
+    snap = lambda: {p: (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest()) for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    before = snap(); time.sleep(0.01)
+    lines = []
+    frame = T.tune(tuning, tmp_path, log=lines.append)
+    assert snap() == before and lines == [] and len(frame) == 2
+    assert {p.name for p in before} >= {"optuna.db", "trials.csv", "metrics.json", "run.json"}
+
+
+@pytest.mark.parametrize("record", [dict(value=float("nan"), threshold=0.1, active=True), dict(value=0.5, threshold=float("nan"), active=True),
+                                    dict(value=0.5, threshold=0.1, active=True, parts=[dict(value=0.5, threshold=0.1), dict(value=float("nan"), threshold=0.1)]),
+                                    dict(value=float("inf"), threshold=0.1, active=True)])
+def test_a_nan_criterion_is_unknown_never_nearly_feasible(record):
+    "A criterion whose value or threshold is NaN (or infinite), in any part: Optuna's constraint is 1 (unknown), as for a missing value, never 1e-6 or 0."
+    assert T.constraint_value(record) == 1.0 == T.constraint_value(None)
+    assert T.constraint_value(dict(value=0.5, threshold=0.1, active=True)) == 0.0   # a finite criterion that holds: feasible

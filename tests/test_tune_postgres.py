@@ -102,3 +102,49 @@ def test_three_processes_create_the_tables_of_a_fresh_database_at_once(tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(3)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0] * 3, outs
+
+
+def test_an_unknown_database_is_one_line(postgres):
+    "A database the server does not have: one line naming the store and what to do, no traceback."
+    from dml_book.tune import open_storage
+    from dml_book.study_design import StudyError
+    url = postgres.replace("/tune?", "/no_such_db?")
+    with pytest.raises(StudyError, match="names a database the server does not have: create it") as e: open_storage(url)
+    assert "\n" not in str(e.value)
+
+
+def test_a_server_that_is_not_there_is_one_line_without_its_password(tmp_path):
+    "No server behind the socket (stopped, or gone): one line that says to start it and run the command again; the password never shown."
+    pytest.importorskip("psycopg", reason=f"no PostgreSQL driver: {INSTALL}")
+    from dml_book.tune import open_storage
+    from dml_book.study_design import StudyError
+    with pytest.raises(StudyError, match="cannot be reached \\(the server went away\\?\\): start it again") as e:
+        open_storage(f"postgresql+psycopg://dml:s3cr3t-pw@/tune?host={tmp_path}")
+    assert "\n" not in str(e.value) and "s3cr3t" not in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_wrong_password_is_one_line_that_shows_no_password(tmp_path):
+    "A server that asks for a password (scram), given a wrong one: one line, the store named, neither password shown."
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found: pytest.skip(f"no PostgreSQL server installed: {INSTALL}")
+    pytest.importorskip("psycopg", reason=f"no PostgreSQL driver: {INSTALL}")
+    from dml_book.tune import open_storage
+    from dml_book.study_design import StudyError
+    bin_, folder = Path(found[-1]).parent, Path(tempfile.mkdtemp(prefix="pgpw-"))
+    who = {}
+    if os.geteuid() == 0:
+        try: user = pwd.getpwnam("nobody")
+        except KeyError: pytest.skip("running as root with no user 'nobody' to run PostgreSQL as")
+        os.chown(folder, user.pw_uid, user.pw_gid); who = dict(user=user.pw_uid, group=user.pw_gid)
+    run = lambda *cmd: subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True, cwd=folder, **who)
+    (folder/"pw").write_text("right-pw-123\n"); os.chmod(folder/"pw", 0o644)
+    run(bin_/"initdb", "-D", folder/"data", "-U", "dml", "--auth=scram-sha-256", f"--pwfile={folder/'pw'}", "-E", "UTF8")
+    run(bin_/"pg_ctl", "-D", folder/"data", "-l", folder/"log", "-w", "-o", f"-k {folder} -h ''", "start")
+    try:
+        with pytest.raises(StudyError, match="refused the login: check the user and password \\(not shown\\)") as e:
+            open_storage(f"postgresql+psycopg://dml:wrong-pw-456@/postgres?host={folder}")
+        assert "\n" not in str(e.value) and "wrong-pw" not in str(e.value) and "right-pw" not in str(e.value)
+    finally:
+        run(bin_/"pg_ctl", "-D", folder/"data", "-m", "immediate", "-w", "stop")
+        shutil.rmtree(folder, ignore_errors=True)

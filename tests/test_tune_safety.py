@@ -55,7 +55,7 @@ def test_a_linked_tuning_folder_is_refused_and_a_store_on_another_disk_works_nam
 
 
 def test_run_json_and_the_storage_are_never_written_through_a_link(tmp_path):
-    "A study run's run.json planted as a link: refused before training, its target untouched; a dangling link where the old lock file was: nothing created there, no lock file left."
+    "A study run's run.json planted as a link: refused before training, its target untouched; a dangling link in place of a lock or SQLite's journal beside the store: refused in one line, nothing created there."
     from dml_book.study_design import train_one
     target = tmp_path/"elsewhere.txt"; target.write_text("keep")
     out = tmp_path/"results"/"s"/"baseline"/"seed0"; out.mkdir(parents=True); (out/MARK).touch()
@@ -63,10 +63,16 @@ def test_run_json_and_the_storage_are_never_written_through_a_link(tmp_path):
     with pytest.raises(FileError, match="run.json is a symbolic link"): train_one(replace(TINY, out=str(out)), tmp_path/"results")
     assert target.read_text() == "keep" and not (out/"metrics.json").exists()   # refused before any training
     url = T.default_storage(tmp_path, "tiny"); db = Path(url.removeprefix("sqlite:///"))
-    db.parent.mkdir(parents=True); (db.parent/"optuna.db.lock").symlink_to(tmp_path/"planted")
+    db.parent.mkdir(parents=True)
+    for side in ("optuna.db.lock", "optuna.db-journal"):
+        (db.parent/side).symlink_to(tmp_path/"planted")
+        with pytest.raises(FileError, match=f"{side} is a symbolic link beside the storage") as e: T.open_storage(url)
+        with pytest.raises(FileError, match=f"{side} is a symbolic link beside the storage"): T.tune(tiny_tuning(trials=1), tmp_path, log=lambda line: None)
+        assert "\n" not in str(e.value) and "planted" not in str(e.value)
+        assert not (tmp_path/"planted").exists() and sorted(os.listdir(db.parent)) == [side]   # the link only, as planted
+        (db.parent/side).unlink()
     T.claim(T.optuna_study(tiny_tuning(), "baseline", T.open_storage(url)), url)
-    assert not (tmp_path/"planted").exists() and sorted(os.listdir(db.parent)) == ["optuna.db", "optuna.db.lock"]   # the link only, as planted
-    (db.parent/"optuna.db.lock").unlink(); db.rename(db.with_name("real.db")); db.symlink_to(db.with_name("real.db"))
+    db.rename(db.with_name("real.db")); db.symlink_to(db.with_name("real.db"))
     with pytest.raises(FileError, match="optuna.db is a symbolic link"): T.open_storage(url)
 
 
@@ -159,3 +165,84 @@ def test_a_recovered_trial_is_read_through_the_reading_layer_and_checked(tmp_pat
     _finished(folder, tuning, "baseline", params, 0.6)
     assert T.recover_finished(study, folder.parent, tuning, "baseline") == [0]
     assert [t.value for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE] == [0.6]
+
+
+def test_a_store_whose_arm_drew_a_knob_from_another_kind_is_one_line(tmp_path):
+    "A stored trial of the arm drew lr_head as an integer: refused before any trial, in one line naming the store and the knob (Optuna: ValueError at the next draw)."
+    import optuna
+    tuning = tiny_tuning(trials=2); url, study = _study(tmp_path, tuning)
+    study.add_trial(optuna.trial.create_trial(params={"lr_head": 3}, distributions={"lr_head": optuna.distributions.IntDistribution(1, 9)}, value=0.1))
+    with pytest.raises(StudyError, match="trial 1 with lr_head drawn from a IntDistribution, not the search space's FloatDistribution") as e:
+        T.tune(tuning, tmp_path, arms=("baseline",), log=lambda line: None)
+    assert "\n" not in str(e.value) and "optuna.db" in str(e.value)
+    assert not (tmp_path/"tiny"/"tuning"/"baseline"/"trial0").exists()   # refused before any training
+
+
+def test_a_damaged_store_is_one_line(tmp_path):
+    db = tmp_path/"tiny"/"tuning"/"optuna.db"; db.parent.mkdir(parents=True); db.write_bytes(b"not a database, " * 100)
+    with pytest.raises(StudyError, match="is not a tuning database, or is damaged: move it aside") as e:
+        T.tune(tiny_tuning(trials=1), tmp_path, arms=("baseline",), log=lambda line: None)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("said,words", [("database is locked", "stayed locked by another process"),
+                                        ("attempt to write a readonly database", "cannot be written (a read-only folder or file?)"),
+                                        ('FATAL:  password authentication failed for user "me"', "refused the login: check the user and password (not shown)"),
+                                        ('FATAL:  database "tuning" does not exist', "names a database the server does not have"),
+                                        ("server closed the connection unexpectedly", "cannot be reached (the server went away?)")])
+def test_each_store_fault_is_one_line_naming_the_store_without_its_password(said, words):
+    "What SQLAlchemy raises (wrapped by Optuna's StorageInternalError, as a commit's failure is): one line, the store named, no password."
+    from sqlalchemy.exc import OperationalError
+    from optuna.exceptions import StorageInternalError
+    url = "postgresql+psycopg://me:s3cr3t-pw@db.example/tuning"
+    def fail():
+        try: raise OperationalError("UPDATE trials", {}, Exception(f"{said} (me:s3cr3t-pw)"))
+        except OperationalError as e: raise StorageInternalError("An exception is raised during the commit.") from e
+    with pytest.raises(StudyError) as e:
+        with T.store_errors(url): fail()
+    assert words in str(e.value) and "me:***@db.example/tuning" in str(e.value) and "s3cr3t" not in str(e.value) and "\n" not in str(e.value)
+
+
+def _read_only(folder: Path):
+    "Make `folder` read-only for this process: its mode where that binds (not root), else a read-only bind mount; None where neither works."
+    import subprocess
+    if os.geteuid() != 0:
+        for p in [folder, *folder.rglob("*")]: p.chmod(p.stat().st_mode & ~0o222)
+        return lambda: [p.chmod(p.stat().st_mode | 0o200) for p in [folder, *folder.rglob("*")]]
+    ok = subprocess.run(["mount", "--bind", folder, folder], capture_output=True).returncode == 0 and \
+         subprocess.run(["mount", "-o", "remount,ro,bind", folder], capture_output=True).returncode == 0
+    return (lambda: subprocess.run(["umount", "-l", folder], capture_output=True)) if ok else None   # lazy: the store's engine may hold a file open
+
+
+def test_a_finished_tuning_in_a_read_only_folder_runs_and_writes_nothing(tmp_path):
+    "The budget met, the results tree read-only: the tuning has nothing to do and ends without an error (Optuna: StorageInternalError)."
+    tuning = tiny_tuning(trials=1, epochs=1)
+    T.tune(tuning, tmp_path, log=lambda line: None)
+    undo = _read_only(tmp_path/"tiny")
+    if undo is None: pytest.skip("no way to make a folder read-only here")
+    try:
+        frame = T.tune(tuning, tmp_path, log=lambda line: None)
+        assert sorted(frame.arm) == ["baseline", "other"]
+    finally: undo()
+
+
+def test_a_finished_trial_it_cannot_trust_is_named_in_one_line_and_counted_nowhere(tmp_path):
+    "A failed trial whose run.json says it finished, but whose records fail the checks: one line naming the file; an interrupted one (no run.json): no word."
+    import optuna, shutil
+    tuning, study, folder, params = _recovery_case(tmp_path)
+    metrics = lambda f: f/"metrics.json"
+    cases = {"metrics.json is not JSON": lambda f: (_finished(f, tuning, "baseline", params, 0.6), metrics(f).write_bytes(b"{the-secret\x00")),
+             "metrics.json is a FIFO": lambda f: (_finished(f, tuning, "baseline", params, 0.6), metrics(f).unlink(), os.mkfifo(metrics(f))),
+             "holds no list of epochs": lambda f: (_finished(f, tuning, "baseline", params, 0.6),
+                                                   metrics(f).write_text(json.dumps({**json.loads(metrics(f).read_text()), "epochs": 3}))),
+             "run.json is not JSON": lambda f: (_finished(f, tuning, "baseline", params, 0.6), (f/"run.json").write_text("{the-secret")),
+             "run.json holds a list, not a record": lambda f: (_finished(f, tuning, "baseline", params, 0.6), (f/"run.json").write_text("[1]"))}
+    for words, make in cases.items():
+        make(folder); lines = []
+        assert T.recover_finished(study, folder.parent, tuning, "baseline", log=lines.append) == [], words
+        assert len(lines) == 1 and words in lines[0].replace("(named pipe)", "").replace(f"{folder}/", ""), (words, lines)
+        assert "tiny/baseline: trial 0 set aside, counted nowhere" in lines[0] and "\n" not in lines[0] and "the-secret" not in lines[0], lines
+        assert not any(t.state == optuna.trial.TrialState.COMPLETE for t in study.get_trials(deepcopy=False))   # counted nowhere
+        shutil.rmtree(folder)
+    folder.mkdir(); metrics(folder).write_text("{}")   # interrupted before run.json: it runs again, nothing said
+    lines = []; assert T.recover_finished(study, folder.parent, tuning, "baseline", log=lines.append) == [] and lines == []

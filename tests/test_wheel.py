@@ -85,3 +85,39 @@ def test_the_release_workflows_wheel_check_passes_on_the_installed_wheel(install
     inside = subprocess.run([sys.executable, str(ROOT/"tools"/"wheel_check.py"), str(ROOT/"results")], capture_output=True, text=True,
                             env={**env, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     assert inside.returncode != 0 and "imported from the clone" in inside.stderr   # the clone's own package proves nothing
+
+
+def _small_tree(root: Path, outside: Path) -> Path:
+    "A source tree as a clone's, its results/ one study with every summary findings() reads, and links into `outside`."
+    tree = root/"tree"
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"): (tree/name).parent.mkdir(parents=True, exist_ok=True); (tree/name).write_bytes((ROOT/name).read_bytes())
+    import shutil
+    shutil.copytree(ROOT/"dml_book", tree/"dml_book", ignore=shutil.ignore_patterns("__pycache__", "_results", "_experiments"))
+    for src in ("nbs/experiments", "params"): shutil.copytree(ROOT/src, tree/src, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    study = tree/"results"/"toy"
+    files = {"study.json": "{}", "study_time.json": "{}", "baseline/seed0/metrics.json": "{}", "baseline/seed0/run.json": "{}",
+             "toy/seed0/diverged.json": "{}", "tuning/toy-active/infeasible.json": "{}", "certified/plan.json": "{}",
+             "baseline/seed0/log.jsonl": "", "baseline/seed0/checkpoint.pt": ""}
+    for rel, text in files.items(): (study/rel).parent.mkdir(parents=True, exist_ok=True); (study/rel).write_text(text)
+    outside.mkdir(); (outside/"metrics.json").write_text('{"outside-the-tree-7f3a": 1}'); (outside/"seed0").mkdir(); (outside/"seed0"/"metrics.json").write_text('{"outside-the-tree-7f3a": 2}')
+    (study/"toy"/"seed1").mkdir(); (study/"toy"/"seed1"/"metrics.json").symlink_to(outside/"metrics.json")   # a linked file
+    (study/"linked").symlink_to(outside)   # a linked folder
+    return tree
+
+
+def test_the_wheel_built_from_the_sdist_ships_every_summary_and_no_linked_file(tmp_path):
+    """`python -m build` as the release workflow runs it (the sdist, then the wheel from the sdist): both carry every file
+    findings() reads (diverged.json, infeasible.json and plan.json included) and no file reached through a link."""
+    tree = _small_tree(tmp_path, tmp_path/"outside")
+    r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o", str(tmp_path/"dist"), str(tree)], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    import tarfile
+    sdist, = (tmp_path/"dist").glob("dml_book-*.tar.gz"); wheel, = (tmp_path/"dist").glob("dml_book-*.whl")
+    in_sdist = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if n.count("/") and n.split("/", 1)[1].startswith("results/")}
+    in_wheel = {n[len("dml_book/_results/"):] for n in zipfile.ZipFile(wheel).namelist() if n.startswith("dml_book/_results/")}
+    want = {"toy/study.json", "toy/study_time.json", "toy/baseline/seed0/metrics.json", "toy/baseline/seed0/run.json",
+            "toy/toy/seed0/diverged.json", "toy/tuning/toy-active/infeasible.json", "toy/certified/plan.json"}
+    assert {f for f in in_sdist if "." in Path(f).name} == {f"results/{w}" for w in want}, in_sdist
+    assert in_wheel == want, in_wheel
+    z = zipfile.ZipFile(wheel)
+    assert not [n for n in z.namelist() if b"outside-the-tree-7f3a" in z.read(n)]   # nothing of the links' targets

@@ -5,11 +5,16 @@ Every notebook opens with `# Title` and `> one-line summary` (STYLE.md); from th
 1. `nbs/sidebar.yml`: the home page, the front pages (notebooks without a number: `what_we_found.ipynb`, what we found),
    the base chapters (numbered below 20), the method chapters (20 and above), then the experiments (the generic ones,
    then one per method), each section in file-name order;
-2. the methods table of `nbs/index.ipynb` (the markdown cell with id `methods-table`): one row per chapter that
-   registers a method with `@METHODS.register(...)`, its title and summary, linked to its page, and the verdict of
-   its stored studies (`dml_book.findings.verdict_cell`, computed from `results/`), linked to its experiment;
-3. `README.md`: the home page as markdown (nbconvert), its links to pages of the book made links to their notebooks
-   (`methods.ala.html` -> `nbs/20_methods.ala.ipynb`), so that they resolve on the repository viewer.
+2. the first screen of `nbs/index.ipynb` (the markdown cell with id `first-screen`): per method and regime, the
+   mechanism's effect and the method against its tuned baseline (`dml_book.findings.first_screen`, from `results/`),
+   and its methods table (id `methods-table`): one row per chapter that registers a method with
+   `@METHODS.register(...)`, its title and summary, linked to its page and to its experiment;
+3. every line of every study with its notes, on the findings page (`nbs/what_we_found.ipynb`, the cell with id
+   `every-line`: `dml_book.findings.verdict_cell` per method);
+4. `README.md`: the home page as markdown (nbconvert), its links to pages of the book made links to their notebooks
+   (`methods.ala.html` -> `nbs/20_methods.ala.ipynb`), so that they resolve on the repository viewer, and the home
+   page's forest plot (the saved output of its cell `first-screen-figure`, which `tools/saved_outputs.py` keeps) as
+   `nbs/images/first_screen.png`: run this again after `tools/saved_outputs.py --write` when that figure changed.
 
 A method chapter `2x_methods.NAME.ipynb` must register its method under NAME, its module's name: `dml-book train
 --method NAME`, the experiment `nbs/experiments/NAME.ipynb` and the chapter's page all go by it. A chapter that breaks
@@ -25,7 +30,12 @@ from pathlib import Path
 
 NBS = Path(__file__).resolve().parents[1]/"nbs"
 METHODS_FROM = 20   # chapters numbered 20 and above are the methods; below, the base
-TABLE_ID = "methods-table"   # the id of the index's generated markdown cell
+TABLE_ID = "methods-table"   # the id of the index's generated methods table
+FIRST_ID = "first-screen"   # the id of the index's generated first table (the findings at a glance)
+FIGURE_ID = "first-screen-figure"   # the id of the index's code cell that draws the forest plot (tagged `results`)
+LINES_ID = "every-line"   # the id of the findings page's generated table of every line
+FIGURE = Path("images")/"first_screen.png"   # the forest plot for README.md, under nbs/, as the home page saved it
+BOOK_ORDER = lambda nbs: [c.methods[0] for c in method_chapters(chapters(nbs)[0])]   # the methods in chapter order
 REGISTER = re.compile(r"""^@METHODS\.register\(\s*["']([^"']+)["']\s*\)""", re.M)
 
 
@@ -112,31 +122,62 @@ def sidebar(nbs: Path = NBS) -> str:
     return "\n".join(lines) + "\n"
 
 
-VERDICT = "what we found: Recall@1 points over the baseline (95% interval)"   # the heading of the verdict column
+esc = lambda s: s.replace("|", "\\|")
+
+def _experiment(nbs: Path, name: str) -> str | None:
+    return f"experiments/{name}.html" if (nbs/"experiments"/f"{name}.ipynb").exists() else None
 
 def methods_table(nbs: Path = NBS) -> str:
-    "The markdown of the home page's methods table: one row per method chapter, from its title and summary, and its verdict from `results/`."
-    from dml_book.findings import verdict_cell   # pandas and scipy, no torch
-    esc = lambda s: s.replace("|", "\\|")
-    rows = [f"| chapter | method | in one line | {VERDICT} |", "| --- | --- | --- | --- |"]
+    "The markdown of the home page's methods table: one row per method chapter, from its title and summary, linked to its page and its experiment."
+    rows = ["| chapter | method | in one line | study |", "| --- | --- | --- | --- |"]
     for c in method_chapters(chapters(nbs)[0]):
         short, _, long = c.title.partition(": ")
-        name = c.methods[0]
-        exp = f"experiments/{name}.html" if (nbs/"experiments"/f"{name}.ipynb").exists() else None
-        rows.append(f"| [{esc(short)}]({c.page}) | {esc(long)} | {esc(c.summary)} | {esc(verdict_cell(name, nbs.parent/'results', exp))} |")
+        exp = _experiment(nbs, c.methods[0])
+        rows.append(f"| [{esc(short)}]({c.page}) | {esc(long)} | {esc(c.summary)} | {f'[experiment]({exp})' if exp else 'no experiment'} |")
     return "\n".join(rows)
 
 
-def _index_with_table(nbs: Path) -> str:
-    "The text of nbs/index.ipynb with its methods table as the chapters give it."
-    text = (nbs/"index.ipynb").read_text()
+def first_table(nbs: Path = NBS) -> str:
+    "The markdown of the home page's first table: per method chapter and regime, the mechanism's effect and the method against its tuned baseline, from `results/`."
+    from dml_book.findings import first_screen, first_screen_markdown   # pandas and scipy, no torch
+    chs = method_chapters(chapters(nbs)[0])
+    return first_screen_markdown(first_screen(BOOK_ORDER(nbs), nbs.parent/"results"), {c.methods[0]: c.page for c in chs})
+
+
+def every_line(nbs: Path = NBS) -> str:
+    "The markdown of the findings page's table of every line: per method chapter, each study's verdict with its notes (`verdict_cell`), linked to its experiment."
+    from dml_book.findings import verdict_cell
+    rows = ["| method | every line: Recall@1 points over the baseline (95% interval), with its notes |", "| --- | --- |"]
+    for c in method_chapters(chapters(nbs)[0]):
+        name = c.methods[0]
+        rows.append(f"| [{esc(c.title.partition(': ')[0])}]({c.page}) | {esc(verdict_cell(name, nbs.parent/'results', _experiment(nbs, name)))} |")
+    return "\n".join(rows)
+
+
+def _with_cells(path: Path, cells: dict) -> str:
+    "The text of the notebook at `path` with each generated markdown cell (id -> its text) as given."
+    text = path.read_text()
     nb = json.loads(text)
-    cell = next((c for c in nb["cells"] if c.get("id") == TABLE_ID), None)
-    if cell is None: raise NavigationError(f"nbs/index.ipynb has no markdown cell with id {TABLE_ID!r} to hold the methods table")
-    table = methods_table(nbs).splitlines(keepends=True)
-    if "".join(cell["source"]) == "".join(table): return text
-    cell["source"] = table
-    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"   # as nbdev-clean writes notebooks
+    have = {c.get("id"): c for c in nb["cells"]}
+    changed = False
+    for id, body in cells.items():
+        if id not in have: raise NavigationError(f"nbs/{path.name} has no markdown cell with id {id!r} to hold its generated table")
+        lines = body.splitlines(keepends=True)
+        if "".join(have[id]["source"]) != body: have[id]["source"] = lines; changed = True
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n" if changed else text   # as nbdev-clean writes notebooks
+
+
+def _index_with_table(nbs: Path) -> str:
+    "The text of nbs/index.ipynb with its first table and methods table as the chapters and `results/` give them."
+    return _with_cells(nbs/"index.ipynb", {FIRST_ID: first_table(nbs), TABLE_ID: methods_table(nbs)})
+
+
+def forest_png(index: str) -> bytes | None:
+    "The forest plot the home page saved (the PNG output of its cell `first-screen-figure`), or None before one is saved."
+    import base64
+    cell = next((c for c in json.loads(index)["cells"] if c.get("id") == FIGURE_ID), None)
+    png = next((o["data"]["image/png"] for o in (cell or {}).get("outputs", []) if "image/png" in o.get("data", {})), None)
+    return base64.b64decode("".join(png) if isinstance(png, list) else png) if png else None
 
 
 LINK = re.compile(r"\]\((?![a-z]+:|#|/)([^)\s#]+\.html)(#[^)\s]*)?\)")   # a markdown link to a page of the book
@@ -156,7 +197,14 @@ def readme(nbs: Path = NBS, index: str | None = None) -> str:
     "README.md: the home page (`index`: its text; default: as the chapters give it) as markdown, its notebook links relative to the repository's root."
     import nbformat
     from nbconvert import MarkdownExporter
-    body, _ = MarkdownExporter().from_notebook_node(nbformat.reads(index or _index_with_table(nbs), as_version=4))
+    index = index or _index_with_table(nbs)
+    nb = nbformat.reads(index, as_version=4)
+    for i, c in enumerate(nb.cells):   # the forest plot: its saved figure, not the code that draws it
+        if c.get("id") == FIGURE_ID:
+            shown = (f"![Every line of the table above with its 95% interval]({nbs.name}/{FIGURE.as_posix()})" if forest_png(index)
+                     else "The forest plot of these lines is on the [home page](index.html) once its outputs are saved (`make readme`).")
+            nb.cells[i] = nbformat.v4.new_markdown_cell(shown, id=FIGURE_ID)
+    body, _ = MarkdownExporter().from_notebook_node(nb)
     return notebook_links(body, nbs)
 
 
@@ -166,15 +214,22 @@ def notebook_links(markdown: str, nbs: Path = NBS) -> str:
     return LINK.sub(lambda m: f"]({nbs.name}/{book[m.group(1)]}{m.group(2) or ''})" if m.group(1) in book else m.group(0), markdown)
 
 
-def generated(nbs: Path = NBS) -> dict[Path, str]:
-    "{file: the text the chapters give it} for the sidebar, the home page and README.md."
+def generated(nbs: Path = NBS) -> dict[Path, str | bytes]:
+    "{file: the text (or bytes) the chapters give it} for the sidebar, the home page, the findings page's every line, README.md and its forest plot."
     index = _index_with_table(nbs)
-    return {nbs/"sidebar.yml": sidebar(nbs), nbs/"index.ipynb": index, nbs.parent/"README.md": readme(nbs, index)}
+    out = {nbs/"sidebar.yml": sidebar(nbs), nbs/"index.ipynb": index, nbs.parent/"README.md": readme(nbs, index)}
+    if (nbs/"what_we_found.ipynb").exists(): out[nbs/"what_we_found.ipynb"] = _with_cells(nbs/"what_we_found.ipynb", {LINES_ID: every_line(nbs)})
+    if (png := forest_png(index)) is not None: out[nbs/FIGURE] = png
+    return out
+
+
+def _differs(p: Path, content: str | bytes) -> bool:
+    return not p.exists() or (p.read_bytes() if isinstance(content, bytes) else p.read_text()) != content
 
 
 def stale(nbs: Path = NBS) -> list[Path]:
     "The generated files whose committed text differs from what the chapters give."
-    return [p for p, text in generated(nbs).items() if not p.exists() or p.read_text() != text]
+    return [p for p, text in generated(nbs).items() if _differs(p, text)]
 
 
 def main(argv=None):
@@ -185,11 +240,13 @@ def main(argv=None):
     nbs = Path(args.nbs).resolve()
     try: files = generated(nbs)
     except NavigationError as e: sys.exit(f"navigation: error: {e}")
-    old = [p for p, t in files.items() if not p.exists() or p.read_text() != t]
+    old = [p for p, t in files.items() if _differs(p, t)]
     if args.check:
         if old: sys.exit(f"navigation: stale: {', '.join(str(p.relative_to(nbs.parent)) for p in old)}; run `make readme`")
         return
-    for p in old: p.write_text(files[p])
+    for p in old:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(files[p]) if isinstance(files[p], bytes) else p.write_text(files[p])
     print(f"navigation: {', '.join(str(p.relative_to(nbs.parent)) for p in old) or 'nothing'} rewritten")
 
 

@@ -15,7 +15,7 @@ def problems(shipped, # `findings()` of the installed package (its `_results` su
              clone, # `findings(root=<clone>/results)`: what the stored studies give
             ) -> list[str]:
     "Each difference between the two frames of findings, one line each; empty when the wheel reports the clone's findings."
-    key = lambda f: (f["method"], f["regime"], f["settings"])
+    key = lambda f: (f["method"], f["regime"], f["settings"]) + ((f["versus"],) if f.get("versus", "baseline") != "baseline" else ())
     got, want = ({key(f): f for f in frame.to_dict("records")} for frame in (shipped, clone))
     if not want: return ["the clone's results/ give no finding: nothing to check the wheel against"]
     out = [f"the wheel has no finding for {' / '.join(k)}" for k in want if k not in got]
@@ -24,6 +24,20 @@ def problems(shipped, # `findings()` of the installed package (its `_results` su
         diff = {c: (got[k].get(c), v) for c, v in want[k].items() if got[k].get(c) != v}
         if diff: out.append(f"{' / '.join(k)}: " + ", ".join(f"{c} is {a!r} in the wheel, {b!r} in the clone" for c, (a, b) in diff.items()))
     return sorted(out)
+
+
+def infeasible_problems(root=None, # the results store (None: the installed package's)
+                        clone=None, # the clone's results/
+                       ) -> list[str]:
+    "Each search that kept no setting at work (`infeasible`, from its infeasible.json) the clone has and the wheel lacks, or says otherwise."
+    from dml_book.findings import infeasible, REGIMES
+    methods = sorted(p.parent.name for p in Path(clone).glob("*/study.json"))
+    out = []
+    for m in methods:
+        for r in REGIMES:
+            want, got = infeasible(m, r, clone), infeasible(m, r, root)
+            if want != got: out.append(f"{m} / {r}: the infeasible search's line is {got and got['text']!r} in the wheel, {want and want['text']!r} in the clone")
+    return out
 
 
 def summary(frame) -> str:
@@ -47,7 +61,7 @@ def main(argv=None):
     if results_dir().resolve() != where/"_results": sys.exit(f"wheel_check: findings are read from {results_dir()}, not from the wheel's {where/'_results'}")
     shipped, expected = findings(), findings(root=clone)
     print(shipped.to_string())
-    found = problems(shipped, expected)
+    found = problems(shipped, expected) + infeasible_problems(None, clone)
     for p in found: print(f"wheel_check: {p}")
     if found: sys.exit(1)
     print(f"wheel_check: the installed dml_book ({where}) reports the clone's {summary(shipped)}")

@@ -90,8 +90,8 @@ _TRUE = {"1", "true", "yes", "True", "TRUE"}
 _COLUMN = re.compile(r"[A-Za-z_][\w ]{0,31}")   # a column name worth repeating in a message
 
 def _csv_rows(path: Path) -> list[dict]:
-    "The rows of the CSV file `path`: a regular UTF-8 file of at most `MAX_LIST_BYTES` (`read_text`); `csv`'s errors as one line."
-    text = read_text(path, "pass a CSV file in UTF-8", MAX_LIST_BYTES, follow=True, what="CSV file")
+    "The rows of the CSV file `path`: a regular UTF-8 file inside its folder, of at most `MAX_LIST_BYTES` (`read_text`); `csv`'s errors as one line."
+    text = read_text(path, "pass a CSV file in UTF-8", MAX_LIST_BYTES, root=path.parent, what="CSV file")   # a link out of its folder: refused unread
     try: return list(csv.DictReader(io.StringIO(text, newline="")))
     except csv.Error as e: raise ConfigError(f"{path} is not a CSV file ({e})") from None
 

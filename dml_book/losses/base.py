@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/losses.base.html.md"""
 
 # %% ../../nbs/04_losses.base.ipynb #bc592525
 from __future__ import annotations
-import functools, inspect, math
+import functools, inspect, math, warnings
 from enum import Enum
 from typing import NamedTuple
 import torch
@@ -18,7 +18,8 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LossOutput', 'Reduction', 'as_reduction', 'reduce_losses', 'masked_reduce', 'NonFiniteError', 'check_finite',
-           'finite_numbers', 'check_weights', 'BaseLoss', 'check_reference', 'join_reference', 'split_reference']
+           'finite_numbers', 'check_weights', 'BaseLoss', 'UnusableBatchWarning', 'Needs', 'batch_lacks',
+           'warn_unusable', 'check_reference', 'join_reference', 'split_reference']
 
 # %% ../../nbs/04_losses.base.ipynb #61a5bf43
 class LossOutput(NamedTuple):
@@ -86,18 +87,37 @@ def check_finite(embeddings: Tensor, # (B, D) the batch to check
         raise NonFiniteError(f"{what} row {row} is not finite (NaN or inf); a loss of it would hide the NaN in its gradient")
 
 # %% ../../nbs/04_losses.base.ipynb #621a8977
+_KIND_WORDS = {"float": "a number", "int": "a whole number", "bool": "true or false", "None": "None"}
+
+def _kinds(annotation) -> tuple:
+    "The kinds (`float`, `int`, `bool`, `None`) an annotation allows; () when it names anything else (then nothing is checked)."
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    kinds = tuple(p.strip() for p in text.split("|"))
+    return kinds if annotation is not inspect.Parameter.empty and all(k in _KIND_WORDS for k in kinds) else ()
+
+def _is_kind(v, kind: str) -> bool:
+    import numbers, numpy as np
+    if kind == "None": return v is None
+    if kind == "bool": return isinstance(v, (bool, np.bool_))
+    if isinstance(v, (bool, np.bool_)): return False   # True is no margin
+    return isinstance(v, numbers.Integral if kind == "int" else numbers.Real)
+
 def finite_numbers(cls, # a class whose constructor takes numbers (a loss, a miner)
                   ):
-    """`cls` with its own `__init__` wrapped to refuse (`ValueError`) an argument that is a NaN or infinite float; a
-    parameter named in the class's `unbounded` may be +inf (a cutoff of inf: no cutoff)."""
+    """`cls` with its own `__init__` wrapped to refuse (`ValueError`) an argument that is a NaN or infinite float, or
+    not of its annotated kind (a `float`, `int` or `bool` parameter, or one of them or None); a parameter named in the
+    class's `unbounded` may be +inf (a cutoff of inf: no cutoff)."""
     init = cls.__dict__.get("__init__")
     if init is None or getattr(init, "checks_numbers", False): return cls
     sig = inspect.signature(init)
     @functools.wraps(init)
     def checked(self, *args, **kwargs):
         for k, v in sig.bind(self, *args, **kwargs).arguments.items():
+            kinds = _kinds(sig.parameters[k].annotation)
+            if kinds and not any(_is_kind(v, t) for t in kinds):
+                raise ValueError(f"{type(self).__name__}: {k}={v!r:.40} is not {' or '.join(_KIND_WORDS[t] for t in kinds)}")
             if isinstance(v, float) and not math.isfinite(v) and not (v == math.inf and k in getattr(cls, "unbounded", ())):
-                raise ValueError(f"{cls.__name__}: {k}={v} is not a finite number")
+                raise ValueError(f"{type(self).__name__}: {k}={v} is not a finite number")
         init(self, *args, **kwargs)
     checked.checks_numbers = True; cls.__init__ = checked
     return cls
@@ -109,10 +129,12 @@ def check_weights(weights: Tensor, # (T,) per-tuple weights
     if (weights < 0).any(): raise ValueError(f"weights must be non-negative (got {weights.min().item():.4g}): a negative weight rewards its tuple's loss")
 
 # %% ../../nbs/04_losses.base.ipynb #8897b60d
+@finite_numbers   # its own arguments too (normalize must be a bool)
 class BaseLoss(nn.Module):
     "Base of every loss: input checks, per-tuple `compute`, then reduction."
     uses_proxies = False  # proxy losses take (num_classes, embedding_size) first and own parameters
     takes_ref = False     # accepts a reference set (`ref_emb`, `ref_labels`), as the same loss of PML does
+    needs = "rows"        # what a batch must hold for a non-zero loss (a `Needs`); else the loss is 0, said once
     def __init__(self, reduction: str|Reduction = "mean", # "mean", "mean_nonzero", "sum" or "none"
                  normalize: bool = True): # L2-normalise the embeddings before `compute` (PML's default)
         super().__init__()
@@ -136,6 +158,46 @@ class BaseLoss(nn.Module):
         "Optional shortcut: the reduced loss over all tuples of the batch without listing them (None: no shortcut)."
         return None
 
+# %% ../../nbs/04_losses.base.ipynb #f04c91e2
+class UnusableBatchWarning(UserWarning):
+    "A batch a loss or miner cannot learn from: it gives 0 (or no tuples), as pytorch-metric-learning's does."
+
+class Needs(str, Enum):
+    "What a loss needs in a batch to give a non-zero loss."
+    ROWS = "rows"; PAIRS = "pairs"; TRIPLETS = "triplets"; TWO_POSITIVE_CLASSES = "two_positive_classes"
+
+def batch_lacks(labels: Tensor, # (B,) integer class labels
+                needs: Needs, # what the loss or miner needs
+                indices_tuple: tuple|None = None, # a miner's tuples; None: every tuple of the batch
+               ) -> str|None: # what the batch lacks, in words; None when it has what is needed
+    "Why a batch gives a loss nothing to learn from, or None."
+    if len(labels) == 0: return "the batch is empty"
+    if indices_tuple is not None: return None if any(len(t) for t in indices_tuple) else "the indices_tuple holds no tuple"
+    if needs is Needs.ROWS: return None
+    if needs is Needs.PAIRS: return None if len(labels) > 1 else "the batch holds one embedding: no pair"
+    counts = torch.unique(labels, return_counts=True)[1]
+    paired = int((counts > 1).sum())
+    if paired == 0: return f"no class has two embeddings ({len(labels)} singletons): no positive pair"
+    if needs is Needs.TRIPLETS and len(counts) < 2: return "the batch holds one class: no negative"
+    if needs is Needs.TWO_POSITIVE_CLASSES and paired < 2: return "one class has a positive pair: N-pair needs two"
+    return None
+
+
+# %% ../../nbs/04_losses.base.ipynb #42f1e54e
+def warn_unusable(obj, # a loss or a miner, warned once
+                  labels: Tensor, # (B,) the batch's labels
+                  indices_tuple: tuple|None = None, # a miner's tuples, or None
+                  gives: str = "the loss is 0", # what `obj` returns on such a batch
+                 ) -> bool: # whether it warned
+    "One `UnusableBatchWarning` per object when the batch lacks what `obj.needs`."
+    why = batch_lacks(labels, Needs(getattr(obj, "needs", Needs.ROWS)), indices_tuple)
+    if why is None: return False
+    warnings.warn(f"{type(obj).__name__}: {why}; {gives}, as in pytorch-metric-learning (said once per object)",
+                  UnusableBatchWarning, stacklevel=3)
+    obj.__dict__["_warned_unusable"] = True
+    return True
+
+
 # %% ../../nbs/04_losses.base.ipynb #2b85609a
 @patch
 def forward(self: BaseLoss,
@@ -155,6 +217,7 @@ def forward(self: BaseLoss,
     B = check_reference(embeddings, ref_emb, ref_labels, type(self).__name__ if not self.takes_ref else None)
     if B is not None: embeddings, labels, indices_tuple = join_reference(embeddings, labels, indices_tuple, ref_emb, ref_labels)
     check_tuple(indices_tuple, len(embeddings))
+    if B is None and not getattr(self, "_warned_unusable", False): warn_unusable(self, labels, indices_tuple)
     if self.normalize: embeddings = F.normalize(embeddings, dim=1)  # the one place losses normalise
     if indices_tuple is None and weights is None and self.reduction is not Reduction.NONE:
         fast = self.reduced_all(embeddings, labels)

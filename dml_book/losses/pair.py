@@ -31,6 +31,7 @@ def _row_logsumexp(rows: Tensor, vals: Tensor, size: int) -> tuple[Tensor, Tenso
 @LOSSES.register("lifted")
 class LiftedStructureLoss(BaseLoss):
     "`[log(sum exp(neg_margin - D_ik) + sum exp(neg_margin - D_jl)) + D_ij - pos_margin]_+^2 / 2` (Song et al. eq. 4)."
+    needs = "triplets"  # a positive pair and a negative, else the loss is 0 (said once, see `BaseLoss`)
     def __init__(self, neg_margin: float = 1., # alpha of eq. (4)
                  pos_margin: float = 0., # subtracted from D_ij (0 in the paper)
                  reduction: str = "mean", # mean over ordered positive pairs = eq. (4)
@@ -65,6 +66,7 @@ def _masks_from(indices_tuple, labels, B):
 @LOSSES.register("multisimilarity")
 class MultiSimilarityLoss(BaseLoss):
     "Multi-similarity loss on cosine similarities (Wang et al. 2019, eq. 15), optionally with its pair mining (eqs. 10-11)."
+    needs = "pairs"  # a pair of either kind, else the loss is 0 (said once, see `BaseLoss`)
     takes_ref = True  # ref_emb/ref_labels as in PML (see `BaseLoss.forward`)
     def __init__(self, alpha: float = 2., # weight of positive pairs
                  beta: float = 50., # weight of negative pairs
@@ -90,6 +92,7 @@ class MultiSimilarityLoss(BaseLoss):
 @LOSSES.register("angular")
 class AngularLoss(BaseLoss):
     "`log(1 + sum_n exp(4 tan^2(alpha) (x_a+x_p)^T x_n - 2 (1+tan^2(alpha)) x_a^T x_p))` per positive pair (eq. 8)."
+    needs = "triplets"  # a positive pair and a negative, else the loss is 0 (said once, see `BaseLoss`)
     def __init__(self, alpha: float = 40., # the angle bound, in degrees
                  reduction: str = "mean", # mean over positive pairs
                  normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)
@@ -108,6 +111,7 @@ class AngularLoss(BaseLoss):
 @LOSSES.register("npair")
 class NPairLoss(BaseLoss):
     "Multi-class N-pair loss (Sohn 2016, eq. 6): softmax over inner products, one anchor-positive pair per class."
+    needs = "two_positive_classes"  # positive pairs of two classes, else the loss is 0 (said once, see `BaseLoss`)
     def __init__(self, l2_reg: float = 0., # lambda of the paper's embedding-norm penalty
                  reduction: str = "mean", # mean over the N pairs
                  normalize: bool = True): # L2-normalise the embeddings first (as PML's distances do)

@@ -31,6 +31,7 @@ def triplet_distances(d: Tensor, # (B, B) pairwise distances
 @LOSSES.register("triplet")
 class TripletLoss(BaseLoss):
     "Triplet margin loss `[d(a,p) - d(a,n) + margin]_+` (FaceNet eq. 1); `squared=True` uses squared distances."
+    needs = "triplets"  # a positive pair and a negative, else the loss is 0 (said once, see `BaseLoss`)
     takes_ref = True  # ref_emb/ref_labels as in PML (see `BaseLoss.forward`)
     def __init__(self, margin: float = 0.2, # the margin alpha of eq. (1)
                  squared: bool = False, # squared Euclidean distance (FaceNet) instead of Euclidean (PML)
@@ -61,6 +62,7 @@ def reduced_all(self: TripletLoss, embeddings, labels):
 @LOSSES.register("contrastive")
 class ContrastiveLoss(BaseLoss):
     "`[d(a,p) - pos_margin]_+` on positive pairs, `[neg_margin - d(a,n)]_+` on negative pairs (Hadsell et al. eq. 4)."
+    needs = "pairs"  # a pair of either kind, else the loss is 0 (said once, see `BaseLoss`)
     takes_ref = True  # ref_emb/ref_labels as in PML (see `BaseLoss.forward`)
     def __init__(self, pos_margin: float = 0., # positive pairs closer than this cost nothing
                  neg_margin: float = 1., # negative pairs farther than this cost nothing (m of eq. 4)
@@ -89,6 +91,7 @@ def reduced_all(self: ContrastiveLoss, embeddings, labels):
 @LOSSES.register("margin")
 class MarginLoss(BaseLoss):
     "`[d(a,p) - beta + margin]_+ + [beta - d(a,n) + margin]_+` per triplet (Wu et al. 2017, eq. 3)."
+    needs = "triplets"  # a positive pair and a negative, else the loss is 0 (said once, see `BaseLoss`)
     takes_ref = True  # ref_emb/ref_labels as in PML (see `BaseLoss.forward`)
     def __init__(self, margin: float = 0.2, # alpha of eq. (3)
                  beta: float = 1.2, # the boundary beta (initial value when learned)

@@ -235,8 +235,11 @@ class ALA(Method):
                  rule: WeightRule | None = None, # with assess=False: weights by this fixed rule of hardness (the ceiling)
                  rule_temperature: float = 0.1, # tau of rule "hardness"
                  episodes_per_epoch: int | None = None, # episodes per epoch and process; None: training images // episode size
-                 seed: int = 0): # seed of the tuple subsampling
+                 seed: int = 0, # seed of the tuple subsampling
+                 mechanism_off: bool = False): # True: the assessor kept at its initial weights, no meta-steps (`MECHANISM_SWITCH`)
         super().__init__()
+        if mechanism_off and not assess: raise ValueError("mechanism_off keeps the assessor at its initialisation: it needs assess=True")
+        self.mechanism_off = bool(mechanism_off)
         check_choice("step", step, get_args(StepParameters))
         for name, v, lo in (("n_train", n_train, 2), ("n_val", n_val, 2), ("meta_steps", meta_steps, 1), ("max_tuples", max_tuples, 1)):
             if int(v) != v or v < lo: raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
@@ -354,7 +357,7 @@ def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor)
     tuples = tuple_embeddings(emb, t)
     if _on_any_rank(len(tuples) == 0, labels.device): return {"loss": 0.0, "tuples": 0}   # all ranks skip together
     logs, w = {}, None
-    if self.assess:
+    if self.assess and not self.mechanism_off:
         val_t = None
         if trainer.miner is not None:
             with torch.no_grad(): val_t = trainer.miner(functional_call(module, {**params, **buffers}, (val_inp,)), yv)
@@ -365,9 +368,10 @@ def custom_step(self: ALA, trainer: TrainerView, images: Tensor, labels: Tensor)
             self.assessor_opt.zero_grad()
             surrogate.backward(inputs=list(self.assessor.parameters()))
             self.assessor_opt.step()
+        logs = {"val_loss": val_loss.item()}
+    if self.assess:                                     # switched off: the same assessor at its initial weights
         with torch.no_grad(): w, state = self.assessor(tuples, self.state)   # the updated assessor's weights
         self.state = _rank_mean(_detach_state(state))                        # under torchrun: one state for all ranks
-        logs = {"val_loss": val_loss.item()}
     h = tuple_hardness(emb, t)
     if self.rule is not None:                                                # the ceiling: a fixed rule, no assessor
         with torch.no_grad(): w = rule_weights(self.rule, h, loss_fn.compute(emb.detach(), y, t).losses, self.rule_temperature)
@@ -456,6 +460,14 @@ def activity(cls: ALA, steps, epochs, config) -> dict:
     late = last_third(epochs)
     value = float(late.weight_hardness_corr.mean()) if "weight_hardness_corr" in late else None
     return criterion("corr(weight, hardness), last third", value, FOLLOWS_HARDNESS)
+
+# %% ../../nbs/20_methods.ala.ipynb #0ca90b3c
+ALA.STRUCTURE = {   # the paper's structure: flat field -> the value it keeps, with the citation
+    "method_kwargs.step": {"value": "all", "cite": "eq. (10): the look-ahead steps all of theta"},
+    "method_kwargs.meta_steps": {"value": 3, "cite": "Sec. 3.4: the assessor updated K = 3 times an iteration"},
+    "method_kwargs.normalize_weights": {"value": False, "cite": "eq. (13): the step weighted by A(T; phi) as assessed"},
+    "method_kwargs.disjoint": {"value": True, "cite": "Table 1: disjoint training and validation classes"},
+    "method_kwargs.assess": {"value": True, "cite": "Table 1's ALA rows: the learnt assessment"}}
 
 # %% ../../nbs/20_methods.ala.ipynb #15dbef55
 def plot_weight_analysis(steps, # step records of an ALA run (`read_log`): `weight_std`, `weight_mean`, `awh`, ...

@@ -13,8 +13,9 @@ from fastcore.basics import patch
 from ..registry import METHODS
 
 # %% auto #0
-__all__ = ['MECHANISM_SCHEMA', 'TrainerView', 'Method', 'criterion', 'all_of', 'last_third', 'log_frames', 'declared_activity',
-           'shortfall', 'MethodError', 'batch_loss_output', 'Baseline']
+__all__ = ['MECHANISM_SCHEMA', 'MECHANISM_SWITCH', 'TrainerView', 'Method', 'criterion', 'all_of', 'last_third', 'log_frames',
+           'declared_activity', 'shortfall', 'switched_off', 'has_switch', 'null_record', 'against_null', 'MethodError',
+           'batch_loss_output', 'Baseline', 'LoopView', 'method_step']
 
 # %% ../../nbs/08a_methods.base.ipynb #8cd8ef43
 @runtime_checkable
@@ -58,6 +59,8 @@ class Method(nn.Module):
     presets: dict[str, dict] = {}   # preset name -> TrainConfig overrides (incl. method_kwargs)
     own_loss: str | None = None     # name of the method's own objective (kept as `self.loss`) when it replaces the configured loss
     optimizer_name: str = "adam"    # the main optimiser under optimizer="auto": "adam" or "sgd"
+    mechanism_off: bool = False     # the `MECHANISM_SWITCH`: True disables only the mechanism (each method's `__init__` takes it)
+    STRUCTURE: dict = {}            # the paper's structural choices a search keeps fixed: setting -> {"value", "cite"}
 
     def setup(self,
               trainer: TrainerView, # the run, its model and data built, its optimiser not yet
@@ -196,6 +199,38 @@ def shortfall(record: dict, # a criterion (`criterion`, `all_of`, a run's "mecha
     gap = lambda p: math.inf if p["value"] is None else p["threshold"] - p["value"]
     return max(gap(p) for p in record.get("parts", [record]))
 
+# %% ../../nbs/08a_methods.base.ipynb #9807e376
+MECHANISM_SWITCH = "mechanism_off"   # the one `method_kwargs` key that switches a method's mechanism off (`Method.mechanism_off`)
+
+def switched_off(method_kwargs: dict | None, # a setting's `method_kwargs`
+                ) -> dict:
+    "The same `method_kwargs` with the mechanism switched off."
+    return {**(method_kwargs or {}), MECHANISM_SWITCH: True}
+
+def has_switch(method: type, # a `Method` subclass
+              ) -> bool:
+    "Whether `method`'s constructor takes the `MECHANISM_SWITCH`."
+    import inspect
+    return MECHANISM_SWITCH in inspect.signature(method).parameters
+
+# %% ../../nbs/08a_methods.base.ipynb #46dd0ddd
+def null_record(kind: str, # what the null is, in words (e.g. "policy acting at random")
+                draws, # the null's values of the criterion's quantity (None or NaN draws are dropped)
+               ) -> dict:
+    "The null of a criterion: its kind, the 95th percentile of its draws (numpy's linear rule) and their number."
+    import numpy as np
+    v = np.array([float(x) for x in draws if x is not None and math.isfinite(float(x))])
+    if not len(v): raise ValueError(f"null {kind!r} has no finite draws: a percentile needs at least one")
+    return {"kind": kind, "p95": float(np.quantile(v, 0.95)), "n": int(len(v))}
+
+def against_null(record: dict, # a `criterion` record
+                 null: dict, # its `null_record`
+                ) -> dict:
+    "`record` judged against `null` as well: threshold at least the null's p95, active only strictly above it; the null kept."
+    v, p95 = record["value"], null["p95"]
+    return {**record, "threshold": max(record["threshold"], p95), "null": null,
+            "active": bool(record["active"] and v is not None and v > p95)}
+
 # %% ../../nbs/08a_methods.base.ipynb #70415d91
 class MethodError(TypeError):
     "A method that breaks the protocol: the message names the hook and what it must return."
@@ -213,3 +248,56 @@ def batch_loss_output(out, # what `batch_loss` returned: the loss, or a dict wit
 @METHODS.register("baseline")
 class Baseline(Method):
     "Plain training with the configured loss and miner."
+
+# %% ../../nbs/08a_methods.base.ipynb #be780558
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+@dataclass
+class LoopView:
+    "A `TrainerView` over the parts of a plain PyTorch loop: one process, fp32, no `Trainer`."
+    model: nn.Module          # an `EmbeddingNet`-like model: `backbone`, `head`, `embedding_dim` (`feature_dim` where a method reads it)
+    loss_fn: nn.Module        # the loss (a method with `own_loss`: `method.loss`)
+    train_ds: Any             # the training set: `(image, label)` items and `.labels`
+    cfg: Any                  # the run's settings (a `TrainConfig`): what the method's hooks read of it
+    miner: nn.Module | None = None  # the miner; None: every valid tuple
+    optimizer: torch.optim.Optimizer | None = None  # the main optimiser: set it after `method.setup(view)`
+    device: torch.device = torch.device("cpu")      # where the model and the batches live
+    method: Any = None        # the method, for `embed_dataset`'s test-time embedding (None: `model(x)`)
+    epoch: int = 1            # the current epoch, from 1
+    step: int = 0             # iterations taken (`method_step` counts them)
+    steps_per_epoch: int = 1  # iterations an epoch
+    dist: Any = field(default_factory=lambda: SimpleNamespace(rank=0, world_size=1, is_main=True, enabled=False))
+    scaler: Any = field(default_factory=lambda: torch.amp.GradScaler("cpu", enabled=False))
+
+    def gather(self, embeddings, labels): return embeddings, labels   # one process: the batch is the global batch
+    def autocast(self): return nullcontext()                        # fp32
+    def step_optimizers(self, *optimizers):
+        for o in optimizers: o.step()
+    def backward_and_step(self, loss, *optimizers):
+        for o in optimizers: o.zero_grad(set_to_none=True)
+        loss.backward(); self.step_optimizers(*optimizers)
+    def embed_dataset(self, ds, batch_size: int = 256):
+        was = self.model.training; self.model.eval()
+        embed = (lambda x: self.method.embed(self, x)) if self.method is not None else self.model
+        with torch.no_grad():
+            embs = [embed(x.to(self.device)).float().cpu() for x, _ in torch.utils.data.DataLoader(ds, batch_size=batch_size)]
+        self.model.train(was)
+        import numpy as np
+        return torch.cat(embs), np.asarray(ds.labels)
+
+def method_step(method: Method, # the method, after `setup`
+                view: TrainerView, # the loop's view (`LoopView`), its `optimizer` set
+                images: torch.Tensor, # a batch of images
+                labels: torch.Tensor, # their labels
+               ) -> dict:
+    "One iteration as `Trainer` takes it: `custom_step`, or `batch_loss` and a step of `view.optimizer`; then `after_step`. Its logs."
+    logs = method.custom_step(view, images, labels)
+    if logs is None:
+        out = batch_loss_output(method.batch_loss(view, images, labels), method)
+        view.backward_and_step(out["loss"], view.optimizer)
+        logs = {k: v.item() if torch.is_tensor(v) else v for k, v in out.items()}
+    logs = logs | method.after_step(view, logs)
+    view.step += 1
+    return logs

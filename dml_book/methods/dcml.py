@@ -18,9 +18,10 @@ from .base import Method, TrainerView
 import dml_book.losses  # noqa: F401  (fills LOSSES for the subtasks)
 
 # %% auto #0
-__all__ = ['Weighting', 'NEARLY_EVEN', 'concatenate', 'Learners', 'sign_ste', 'Compositor', 'relu_normalize', 'compose',
-           'rein_loss', 'ensemble_weights', 'FCComposer', 'DCML', 'learner_distances', 'epoch_weights',
-           'plot_compositor_weights', 'compositor_sentence', 'compositor_selection']
+__all__ = ['Weighting', 'NULL_DRAWS', 'NEARLY_EVEN', 'GROWS', 'concatenate', 'Learners', 'sign_ste', 'Compositor',
+           'relu_normalize', 'compose', 'rein_loss', 'ensemble_weights', 'FCComposer', 'DCML', 'null_compositors',
+           'learner_distances', 'epoch_weights', 'plot_compositor_weights', 'compositor_sentence',
+           'compositor_selection', 'coverage']
 
 # %% ../../nbs/22_methods.dcml.ipynb #14964b84
 def concatenate(g: torch.Tensor, # (B, K, D) sub-embeddings
@@ -166,8 +167,12 @@ class DCML(Method):
                  jt_trains_compositor: bool = True, # False: Table 1's "w/o J_T" (J_T trains the learners only)
                  lr_compositor: float | None = None, # learning rate of the compositors (None: cfg.lr_head)
                  normalize_composites: bool = True, # L2-normalise z_m before the subtask losses (as the sampler measures)
-                 normalize_learners: bool = False): # L2-normalise each sub-embedding on its own (neither the paper nor the official code)
+                 normalize_learners: bool = False, # L2-normalise each sub-embedding on its own (neither the paper nor the official code)
+                 mechanism_off: bool = False): # True: the compositors held at uniform weights 1/K, untrained (`MECHANISM_SWITCH`)
         super().__init__()
+        if mechanism_off and (fc_compositor or not use_compositor):
+            raise ValueError("mechanism_off holds the compositors at uniform weights: it needs them (fc_compositor=False, use_compositor=True)")
+        self.mechanism_off = bool(mechanism_off)
         if n_learners < 1 or n_compositors < 1: raise ValueError(f"n_learners and n_compositors must be >= 1, got {n_learners}, {n_compositors}")
         if not (use_discriminative or use_subtasks): raise ValueError("DCML needs the discriminative loss or the subtask losses (both are off)")
         self.n_learners, self.learner_dim, self.n_compositors = n_learners, learner_dim, n_compositors
@@ -180,6 +185,7 @@ class DCML(Method):
         for n in self.subtask_names: LOSSES.get(n)   # unknown names fail here, listing the choices
         self.subtask_losses, self.compositor = nn.ModuleList(), None
         self.weight_sum, self.weight_count = 0., 0   # |c| summed over the epoch's samples, for `end_epoch`
+        self._null, self.null_sum = [], None          # untrained compositors (`null_compositors`, built in `setup`) and their |c| sums
 
 # %% ../../nbs/22_methods.dcml.ipynb #6fb354ad
 from ..registry import ConfigError
@@ -190,6 +196,21 @@ def check(self: DCML, cfg):
     if self.learner_dim is None and cfg.embedding_dim % self.n_learners:
         raise ConfigError(f"embedding_dim={cfg.embedding_dim} is not divisible by n_learners={self.n_learners}: "
                           "the learners split it equally; change one of them, or set learner_dim")
+
+# %% ../../nbs/22_methods.dcml.ipynb #d3e47b89
+NULL_DRAWS = 32   # untrained sets of compositors that give the null of DCML's criterion
+
+def null_compositors(in_features: int, # size of y (K*D)
+                     n_learners: int, # K
+                     n_compositors: int, # M
+                     use_sign: bool = True, # as the run's compositors
+                     weighting: Weighting = "softmax", # as the run's compositors
+                     seed: int = 0, # the run's seed (the draws use their own stream; the run's random state is left as it was)
+                    ) -> Compositor:
+    "`NULL_DRAWS` sets of M compositors drawn as `Compositor` draws them, frozen: the null of `DCML.activity` (M x NULL_DRAWS of them)."
+    with torch.random.fork_rng(devices=[]):   # the run's own draws stay where they were: the default run is unchanged
+        torch.manual_seed(10_000 + seed)
+        return Compositor(in_features, n_learners, n_compositors * NULL_DRAWS, use_sign, weighting).requires_grad_(False)
 
 # %% ../../nbs/22_methods.dcml.ipynb #634d36d6
 @patch
@@ -205,6 +226,8 @@ def setup(self: DCML, trainer):
     if self.fc_compositor: self.compositor = FCComposer(K * D, D, M)
     elif self.use_compositor: self.compositor = Compositor(K * D, K, M, self.use_sign, self.compositor_weighting)
     else: self.register_buffer("ensemble", ensemble_weights(M, K))
+    self._null = [] if self.fc_compositor or not self.use_compositor else [null_compositors(K * D, K, M, self.use_sign,
+                  self.compositor_weighting, int(getattr(trainer.cfg, "seed", 0))).to(trainer.device)]
     names = self.subtask_names
     if not names and getattr(trainer.loss_fn, "uses_proxies", False): names = [trainer.cfg.loss]   # proxies of size D
     self.subtask_losses = nn.ModuleList([self._subtask_loss(trainer, names[m % len(names)]) for m in range(M)] if names else [])
@@ -237,6 +260,7 @@ def composites(self: DCML,
     y = concatenate(g, self.normalize_learners)
     if self.fc_compositor: return self.compositor(y), None             # FC ablation: a plain head on y
     if not self.use_compositor: c = self.ensemble.expand(len(g), -1, -1)
+    elif self.mechanism_off: c = g.new_full((len(g), self.n_compositors, self.n_learners), 1 / self.n_learners)   # switched off: uniform
     else: c = self.compositor(y.detach())                               # detached: learners cannot steer their weights
     z = compose(c if self.jt_trains_compositor else c.detach(), g)      # eq. 6: J_T reaches g_k (and c_m) through here
     return z, c
@@ -264,7 +288,9 @@ def losses(self: DCML,
                          configured(z[:, m]) for m in range(self.n_compositors))
         total = total + self.lambda_m * out["sub"]
     if c is not None: self.weight_sum, self.weight_count = self.weight_sum + c.detach().abs().sum(0), self.weight_count + len(c)
-    if self.use_rein and c is not None and self.use_compositor:
+    if c is not None and self._null:   # the null: untrained compositors on the same (detached) concatenation
+        with torch.no_grad(): self.null_sum = (self.null_sum if self.null_sum is not None else 0.) + self._null[0](concatenate(g, self.normalize_learners).detach()).abs().sum(0)
+    if self.use_rein and c is not None and self.use_compositor and not self.mechanism_off:
         out["rein"] = rein_loss(c); total = total + self.lambda_r * out["rein"]
     out["loss"] = total
     return out
@@ -281,8 +307,13 @@ def end_epoch(self: DCML, trainer, epoch: int) -> dict:
     "The compositors' mean weights |c_m^k| over the epoch's training samples, M rows of K (then reset)."
     if not self.weight_count: return {}
     w = (self.weight_sum / self.weight_count).cpu()
-    self.weight_sum, self.weight_count = 0., 0
-    return {"compositor_weights": w.tolist()}
+    out = {"compositor_weights": w.tolist()}
+    if self.null_sum is not None and self._null:   # each untrained set's selection, as `compositor_selection` reads it
+        n = (self.null_sum / self.weight_count).cpu().double().view(NULL_DRAWS, *w.shape)
+        even = 1 / w.shape[1]
+        out["null_selection"] = ((n.amax(-1).mean(-1) - even) / (1 - even)).tolist() if w.shape[1] > 1 else []
+    self.weight_sum, self.weight_count, self.null_sum = 0., 0, None
+    return out
 
 # %% ../../nbs/22_methods.dcml.ipynb #e6706978
 DCML.ablations = {"no-compositor": dict(use_compositor=False), "no-rein": dict(use_rein=False),           # Table 1
@@ -324,6 +355,18 @@ def learner_distances(g: torch.Tensor, # (N, K, D) sub-embeddings of N samples
     d = torch.cdist(g.transpose(0, 1), g.transpose(0, 1))                   # (K, N, N) per-learner distances
     d = d / d.mean(dim=(1, 2), keepdim=True).clamp_min(1e-12)
     return (d[:, None] - d[None]).abs().mean(dim=(2, 3))
+
+# %% ../../nbs/22_methods.dcml.ipynb #3ee2e623
+DCML.STRUCTURE = {   # the paper's structure: flat field -> the value it keeps (or the field it is at least), with the citation
+    "method_kwargs.use_sign": {"value": True, "cite": "eq. (5), the tanh sign score; Table 2's 'W/o tanh' row"},
+    "method_kwargs.compositor_weighting": {"value": "softmax", "cite": "eq. (4); Table 2's 'Exp -> ReLU' row"},
+    "method_kwargs.fc_compositor": {"value": False, "cite": "Sec. 3.2 compositors; Table 2's 'Directly using an FC layer' row"},
+    "method_kwargs.use_compositor": {"value": True, "cite": "Table 1's 'w/o compositors' row"},
+    "method_kwargs.use_rein": {"value": True, "cite": "eq. (7); Table 1's 'w/o J_reinf' row"},
+    "method_kwargs.jt_trains_compositor": {"value": True, "cite": "eq. (8); Table 1's 'w/o J_T' row"},
+    "method_kwargs.use_discriminative": {"value": True, "cite": "eq. (8); Table 1's 'w/o J_dis' row"},
+    "method_kwargs.n_compositors": {"at_least": "method_kwargs.n_learners",
+                                    "cite": "Sec. 4.2: 4 learners, 8 compositors; Sec. 4.3/Fig. 4: every learner densely selected by some compositor"}}
 
 # %% ../../nbs/22_methods.dcml.ipynb #8a3c55e7
 def epoch_weights(epochs, # epoch records of a DCML run (`read_log`) with `compositor_weights`
@@ -375,7 +418,7 @@ def diagnose(cls: DCML, steps, epochs, method_kwargs) -> list[str]:
     plot_compositor_weights(epochs); return [compositor_sentence(epochs)]
 
 # %% ../../nbs/22_methods.dcml.ipynb #023359f0
-from .base import criterion
+from .base import criterion, all_of, null_record, against_null
 
 def compositor_selection(epochs, # epoch records of a DCML run (`read_log`) with `compositor_weights`
                         ) -> float | None:
@@ -385,7 +428,24 @@ def compositor_selection(epochs, # epoch records of a DCML run (`read_log`) with
     even = 1 / w.shape[1]
     return None if w.shape[1] < 2 else float((w.amax(-1).mean() - even) / (1 - even))
 
+GROWS = 1e-3   # selection gained from the first epoch to the last: more than rounding (a thousandth of the scale)
+
+def coverage(epochs, # epoch records of a DCML run with `compositor_weights`
+            ) -> float | None:
+    "The share of the K learners that are some compositor's strongest at the last epoch (Fig. 4: each learner densely selected by one)."
+    if "compositor_weights" not in epochs or epochs.compositor_weights.isna().all(): return None
+    w = epoch_weights(epochs)[1][-1]
+    return len(set(w.argmax(-1).tolist())) / w.shape[1]
+
 @patch(cls_method=True)
 def activity(cls: DCML, steps, epochs, config) -> dict:
-    "The compositors select (`compositor_selection` at least `NEARLY_EVEN`): `Method.activity` for DCML."
-    return criterion("compositor selection at the last epoch", compositor_selection(epochs), NEARLY_EVEN)
+    "The compositors select above untrained ones' 95th percentile, cover every learner and select more than after the first epoch: `Method.activity` for DCML."
+    sel = criterion("compositor selection at the last epoch", compositor_selection(epochs), NEARLY_EVEN)
+    logged = epochs.dropna(subset=["null_selection"]) if "null_selection" in epochs else epochs.iloc[:0]
+    null = null_record("compositors frozen at initialisation", logged.null_selection.iloc[-1]) if len(logged) and len(logged.null_selection.iloc[-1]) else None
+    if null: sel = against_null(sel, null)
+    first = compositor_selection(epochs.dropna(subset=["compositor_weights"]).iloc[:1]) if "compositor_weights" in epochs else None
+    grew = None if first is None or sel["value"] is None else sel["value"] - first
+    record = all_of(sel, criterion("learners some compositor's strongest, last epoch (share)", coverage(epochs), 1.0),
+                    criterion("selection gained since the first epoch", grew, GROWS))
+    return record | ({"null": null} if null else {})

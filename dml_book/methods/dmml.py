@@ -19,7 +19,7 @@ from .base import Method, TrainerView
 
 # %% auto #0
 __all__ = ['MIN_SUPPORT', 'Episode', 'split_episode', 'SetDistance', 'meta_cell_distances', 'Margin', 'episode_loss',
-           'MetaCellLoss', 'DMML', 'ClassShare', 'episode_sampler', 'flip_embed', 'EpisodeBaseline',
+           'MetaCellLoss', 'DMML', 'ClassShare', 'episode_sampler', 'set_effect', 'flip_embed', 'EpisodeBaseline',
            'plot_set_distances', 'set_distance_sentence']
 
 # %% ../../nbs/24_methods.dmml.ipynb #7d9c62df
@@ -166,10 +166,12 @@ class DMML(Method):
                  flip_test: bool = False, # test embedding: image + its horizontal flip
                  normalize_train: bool = False, # keep the head's L2 normalisation during training
                  feature_penalty: float = 0.0, # weight of the published code's mean squared embedding norm (paper: 0)
-                 scale: float = 4.0): # the loss sees `scale * z` (squared distances x scale**2); presets: 1
+                 scale: float = 4.0, # the loss sees `scale * z` (squared distances x scale**2); presets: 1
+                 mechanism_off: bool = False): # True: meta-cells of one support image, the same episodes (`MECHANISM_SWITCH`)
         super().__init__()
         if n_query < 1: raise ValueError(f"n_query must be >= 1 (every class needs a query); got {n_query}")
-        self.loss = MetaCellLoss(n_support, distance, margin, variant)
+        self.mechanism_off, self.episode_support = bool(mechanism_off), n_support   # the episode keeps n_support + n_query a class
+        self.loss = MetaCellLoss(1 if mechanism_off else n_support, distance, margin, variant)   # off: the rest of a class are queries
         self.n_classes, self.n_query, self.tasks_per_epoch = n_classes, n_query, tasks_per_epoch
         self.flip_test, self.normalize_train = flip_test, normalize_train
         self.feature_penalty, self.scale = feature_penalty, scale
@@ -226,7 +228,23 @@ def episode_sampler(trainer: TrainerView, # the run (its training labels, seed a
 @patch
 def batch_sampler(self: DMML, trainer: TrainerView) -> TaskSampler | ClassShare:
     "DMML's episodes (`episode_sampler`), each one batch."
-    return episode_sampler(trainer, self.n_classes, self.loss.n_support, self.n_query, self.tasks_per_epoch)
+    return episode_sampler(trainer, self.n_classes, self.episode_support, self.n_query, self.tasks_per_epoch)
+
+# %% ../../nbs/24_methods.dmml.ipynb #9467292e
+@torch.no_grad()
+def set_effect(embeddings: torch.Tensor, # support rows then query rows of one episode (as the loss sees them)
+               labels: torch.Tensor, # (B,) class of each row
+               loss: MetaCellLoss, # the episode's loss: its n_support and set distance
+               d: torch.Tensor | None = None, # the set distances `loss.episode` gave (computed here if None)
+              ) -> torch.Tensor:
+    "Share of (query, meta-cell) set distances that differ from the distance to the meta-cell's first support image alone: 0 when the set plays no part."
+    ep = split_episode(embeddings, labels, loss.n_support)
+    if d is None: d = meta_cell_distances(ep.query, ep.support, ep.support_labels, loss.distance, ep.query_labels)
+    order = torch.argsort(ep.support_labels, stable=True)          # the first support image of each class, in batch order
+    sl = ep.support_labels[order]
+    first = order[torch.cat([sl.new_ones(1, dtype=torch.bool), sl[1:] != sl[:-1]])]
+    d1 = meta_cell_distances(ep.query, ep.support[first], ep.support_labels[first], loss.distance, ep.query_labels)
+    return ((d - d1).abs() > 1e-6 * d1.abs().clamp_min(1e-12)).float().mean()
 
 # %% ../../nbs/24_methods.dmml.ipynb #26cdca07
 @patch
@@ -236,9 +254,10 @@ def batch_loss(self: DMML, trainer: TrainerView, images, labels) -> dict:
     d, t = self.loss.episode(self.scale * z, labels)
     loss = episode_loss(d, t, self.loss.margin, self.loss.variant)
     if self.feature_penalty: loss = loss + self.feature_penalty * z.pow(2).sum(1).mean()
+    effect = set_effect(self.scale * z.detach(), labels, self.loss, d.detach())   # the counterfactual of `DMML.activity`
     d, pos = d.detach(), F.one_hot(t, d.shape[1]).bool()
     return {"loss": loss, "d_pos": d[pos].mean(), "d_neg": d[~pos].mean() if d.shape[1] > 1 else 0.,
-            "episode_acc": (d.argmin(1) == t).float().mean(), "lr": trainer.optimizer.param_groups[0]["lr"]}
+            "episode_acc": (d.argmin(1) == t).float().mean(), "lr": trainer.optimizer.param_groups[0]["lr"], "set_effect": effect}
 
 # %% ../../nbs/24_methods.dmml.ipynb #3644acd7
 def flip_embed(trainer, # the run (its model)
@@ -336,7 +355,7 @@ def diagnose(cls: DMML, steps, epochs, method_kwargs) -> list[str]:
 
 # %% ../../nbs/24_methods.dmml.ipynb #f431934f
 import inspect
-from .base import criterion
+from .base import criterion, all_of, last_third, against_null
 
 MIN_SUPPORT = 2   # support images per meta-cell: with one, the set distances of eqs. (9) and (10) are plain distances
 
@@ -344,7 +363,21 @@ MIN_SUPPORT = 2   # support images per meta-cell: with one, the set distances of
 def activity(cls: DMML, steps, epochs, config) -> dict:
     "Meta-cells of at least `MIN_SUPPORT` support images (`n_support` of the run's configuration): `Method.activity` for DMML."
     n = config["method_kwargs"].get("n_support", inspect.signature(cls).parameters["n_support"].default)
-    return criterion("support images per meta-cell", n, MIN_SUPPORT)
+    if config["method_kwargs"].get("mechanism_off"): n = 1   # switched off: one support image whatever the episode holds
+    size = criterion("support images per meta-cell", n, MIN_SUPPORT)
+    late = last_third(steps) if steps is not None and len(steps) else None
+    if late is None or "set_effect" not in late: return size   # a log from before `set_effect`: the size alone
+    null = {"kind": "one support image per meta-cell: the set plays no part (exactly 0)", "p95": 0.0, "n": 1}
+    part = against_null(criterion("set distances differing from the first image's, last third (share)",
+                                  float(late.set_effect.mean()), 0.0), null)
+    return all_of(size, part) | {"null": null}
+
+# %% ../../nbs/24_methods.dmml.ipynb #15238867
+DMML.STRUCTURE = {   # the paper's structure: flat field -> the value (or least value) it keeps, with the citation
+    "method_kwargs.n_support": {"low": 2, "cite": "Sec. 3.1: a meta-cell is a set; Table 5: n_s = 5 chosen, n_s = 1 the worst row"},
+    "method_kwargs.distance": {"value": "hard", "cite": "eq. (10); Table 4's 'w/o hard mining' row"},
+    "method_kwargs.variant": {"value": "negative", "cite": "eq. (7); Table 4's 'w/o Margin' and '+AM' rows"},
+    "method_kwargs.n_classes": {"low": 2, "cite": "Algorithm 1: an episode of M classes; Table 5: M = 32"}}
 
 # %% ../../nbs/24_methods.dmml.ipynb #698eb6b5
 _EPISODE = dict(n_classes=16, n_support=3, n_query=1)   # the study's episode on glyphs-XL: 16 x (3 + 1) = 64 images, its batch size

@@ -19,11 +19,12 @@ from .base import Method, TrainerView
 from ..samplers import TripletBatchSampler
 
 # %% auto #0
-__all__ = ['HARDNESS_KEYS', 'UNSATISFIABLE', 'SYNTHETIC_FLOOR', 'SATISFIABLE_FLOOR', 'hardness_aware_augment', 'pulling_lambda',
-           'Generator', 'reconstruction_loss', 'generator_objective', 'synthesis_weight', 'metric_objective',
-           'WindowAverage', 'official_triplet_loss', 'decay_penalty', 'official_j_m', 'random_triplets', 'npair_pairs',
-           'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML', 'tuple_distances', 'violation_share',
-           'hardness_per_epoch', 'plot_hardness', 'hardness_criterion', 'hardness_sentence']
+__all__ = ['HARDNESS_KEYS', 'UNSATISFIABLE', 'SYNTHETIC_FLOOR', 'SATISFIABLE_FLOOR', 'RULES_FREE', 'hardness_aware_augment',
+           'pulling_lambda', 'Generator', 'reconstruction_loss', 'generator_objective', 'synthesis_weight',
+           'metric_objective', 'WindowAverage', 'official_triplet_loss', 'decay_penalty', 'official_j_m',
+           'random_triplets', 'npair_pairs', 'triplet_synthesis', 'npair_synthesis', 'grouped_npair_loss', 'HDML',
+           'tuple_distances', 'violation_share', 'hardness_per_epoch', 'plot_hardness', 'hardness_criterion',
+           'hardness_sentence', 'rules_free']
 
 # %% ../../nbs/21_methods.hdml.ipynb #99bfb0dd
 def _check_augment(z, z_neg, d_ref, lam):
@@ -238,8 +239,11 @@ class HDML(Method):
                  triplet_batches: bool = False, # batches of triplets over two fresh classes each (the official code's)
                  synthesize: bool = True, # False: the baseline, the same real tuples without synthesis
                  lambda_min: float = 0.0, # a floor on lambda (0: none, as the paper); tuning's knob against a pull that reaches the positive
-                 max_synthetic: float = 1.0): # a cap on the synthetic share 1 - w of eq. (11) (1: none, as the paper)
+                 max_synthetic: float = 1.0, # a cap on the synthetic share 1 - w of eq. (11) (1: none, as the paper)
+                 mechanism_off: bool = False): # True: J_metric = J(T), no synthetic tuple in the metric's loss (`MECHANISM_SWITCH`)
         super().__init__()
+        if mechanism_off and not synthesize: raise ValueError("mechanism_off keeps the synthesis out of J_metric only: it needs synthesize=True")
+        self.mechanism_off = bool(mechanism_off)
         if not (recon or softmax): raise ValueError("the generator needs at least one of recon and softmax")
         if pulling_factor < 0 or beta < 0: raise ValueError(f"pulling_factor and beta must be >= 0, got {pulling_factor} and {beta}")
         if not (0 <= lambda_min <= 1 and 0 <= max_synthetic <= 1):
@@ -398,7 +402,8 @@ def objectives(self: HDML,
              else trainer.loss_fn(z_syn, l_in, syn))                                             # eq. (12) on T~
     j_recon = reconstruction_loss(y_rec, y)                                                  # eq. (8), a sum
     j_soft = F.cross_entropy(_fp32(self.classifier(y_syn)), l_in) if len(l_in) else y_syn.sum() * 0   # a mean
-    return dict(lam=lam, weight=w, j_real=j_real, j_syn=j_syn, j_metric=metric_objective(j_real, j_syn, w),
+    off = self.mechanism_off   # switched off: the generator and its schedule as ever, J_metric on the real tuples alone
+    return dict(lam=lam, weight=1.0 if off else w, j_real=j_real, j_syn=j_syn, j_metric=j_real if off else metric_objective(j_real, j_syn, w),
                 j_recon=j_recon, j_soft=j_soft, j_m=j_m, **self.hardness(trainer, z, real, z_in, z_syn, syn),
                 j_gen=generator_objective(j_recon, j_soft, self.gen_lambda, self.recon, self.softmax, self.recon_weight,
                                           self.softmax_factor),
@@ -557,6 +562,17 @@ from .base import criterion, all_of, last_third
 
 SYNTHETIC_FLOOR = 0.1     # 1 - w of eq. (11), mean over the last third: a tenth of J_metric's weight on the synthetic tuples
 SATISFIABLE_FLOOR = 0.2   # share of synthetic triplets that meet the margin, mean over the last third: one in five
+RULES_FREE = 0.9          # share of the last third's steps where neither the cap on 1 - w nor the floor on lambda binds
+
+def rules_free(late, # the last third's step records (`weight`, `lam`)
+               method_kwargs: dict, # the run's: `max_synthetic`, `lambda_min` (absent: none, as the paper)
+              ) -> float | None:
+    "The share of `late`'s steps where eqs. (11) and (4) give w and lambda themselves: neither the cap nor the floor binds."
+    if not len(late) or "weight" not in late: return None
+    cap, floor = 1 - float(method_kwargs.get("max_synthetic", 1.0)), float(method_kwargs.get("lambda_min", 0.0))
+    binds = (late.weight <= cap + 1e-12) if cap > 0 else late.weight < -1   # w = max(1 - max_synthetic, rule)
+    if floor > 0 and "lam" in late: binds = binds | (late.lam <= floor + 1e-12)   # lambda = max(lambda_min, rule)
+    return float(1 - binds.mean())
 
 @patch(cls_method=True)
 def activity(cls: HDML, steps, epochs, config) -> dict:
@@ -565,5 +581,14 @@ def activity(cls: HDML, steps, epochs, config) -> dict:
     mean = lambda k: float(late[k].mean()) if k in late else None
     w, viol = mean("weight"), mean("viol_syn")
     weight = criterion("synthetic weight 1 - w", None if w is None else 1 - w, SYNTHETIC_FLOOR)
-    if not issubclass(LOSSES.get(config["loss"]), TripletLoss): return weight   # N-pair: no margin to violate
-    return all_of(weight, criterion("synthetic triplets meeting the margin", None if viol is None else 1 - viol, SATISFIABLE_FLOOR))
+    rules = criterion("steps with no cap or floor binding, last third (share)", rules_free(late, config.get("method_kwargs") or {}), RULES_FREE)
+    if not issubclass(LOSSES.get(config["loss"]), TripletLoss): return all_of(weight, rules)   # N-pair: no margin to violate
+    return all_of(weight, criterion("synthetic triplets meeting the margin", None if viol is None else 1 - viol, SATISFIABLE_FLOOR), rules)
+
+# %% ../../nbs/21_methods.hdml.ipynb #f765b98b
+HDML.STRUCTURE = {   # the paper's structure: flat field -> the value it keeps, with the citation
+    "method_kwargs.max_synthetic": {"value": 1.0, "cite": "eq. (11): w = exp(-beta/J_gen), no cap on 1 - w"},
+    "method_kwargs.lambda_min": {"value": 0.0, "cite": "eqs. (4)/(7): lambda = exp(-alpha/J_avg), no floor"},
+    "method_kwargs.recon": {"value": True, "cite": "eq. (9), J_recon; Sec. 4.3/Figs. 4-5 ablation without it"},
+    "method_kwargs.softmax": {"value": True, "cite": "eq. (9), J_soft; Sec. 4.3/Figs. 4-5 ablation without it"},
+    "method_kwargs.synthesize": {"value": True, "cite": "Sec. 3.3-3.4: the synthetic tuples are the method"}}

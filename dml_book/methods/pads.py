@@ -23,11 +23,12 @@ from .pads_policy import (ACTION_VALUES, TrainingState, PolicyLearner, apply_act
                                           AdvantageBaseline, CriticTarget)
 
 # %% auto #0
-__all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'NegativeSampler', 'SAMPLERS', 'MOVED', 'bin_index',
-           'BinnedDistribution', 'negative_weights', 'sample_triplets', 'triplet_stats', 'DistanceWeighted', 'SemiHard',
-           'DistributionSampler', 'init_probs', 'validation_split', 'class_distances', 'PADS', 'check_policy_finite',
-           'plot_trajectory', 'distribution_means', 'plot_critic', 'plot_policy_run', 'distribution_sentence',
-           'critic_sentence', 'action_effects', 'reward_signal', 'signal_sentence']
+__all__ = ['SamplingRule', 'InitialDistribution', 'INITS', 'STATE_METRICS', 'NegativeSampler', 'SAMPLERS', 'NULL_DRAWS', 'MOVED',
+           'bin_index', 'BinnedDistribution', 'negative_weights', 'sample_triplets', 'triplet_stats',
+           'DistanceWeighted', 'SemiHard', 'DistributionSampler', 'init_probs', 'validation_split', 'class_distances',
+           'PADS', 'check_policy_finite', 'plot_trajectory', 'distribution_means', 'plot_critic', 'plot_policy_run',
+           'distribution_sentence', 'critic_sentence', 'action_effects', 'reward_signal', 'signal_sentence',
+           'random_policy_kl']
 
 # %% ../../nbs/23_methods.pads.ipynb #cc532ebc
 def bin_index(d: Tensor, # distances, any shape
@@ -280,8 +281,12 @@ class PADS(Method):
                  adapt: bool = True, # False: never adapt (the reward split is held out all the same)
                  sampler: NegativeSampler = "binned", # binned: p (PADS); distance_weighted: Wu et al. (needs adapt=False)
                  seed: int = 0, # seed of the sampler, the policy's actions and the validation split
+                 mechanism_off: bool = False, # True: p held at p_0; the policy still steps and draws (`MECHANISM_SWITCH`)
                 ):
         super().__init__()
+        if mechanism_off and not (adapt and sampler == "binned"):
+            raise ValueError("mechanism_off holds the policy's p at p_0: it needs the adapting binned sampler (adapt=True, sampler='binned')")
+        self.mechanism_off = bool(mechanism_off)
         check_choice("initial distribution", init, INITS); check_choice("sampler", sampler, SAMPLERS)
         if update_every < 1: raise ValueError(f"update_every must be at least 1, got {update_every}")
         if 1 not in recall_ks: raise ValueError(f"recall_ks must contain 1 (the reward uses Recall@1), got {recall_ks}")
@@ -417,7 +422,8 @@ def policy_step(self: PADS,
         logs.update(reward=r, **self.learner.update(self.s_prev, self.a_prev, r, s, metric=e))
     check_policy_finite(self, trainer, s)   # after the update, before the draw: what the policy acts on
     a = self.learner.act(s, self.generator).to(dev)
-    self.distribution.probs.copy_(apply_actions(self.distribution.probs, a, self.learner.action_values))
+    if not self.mechanism_off:   # switched off: the action is drawn (the same draws) but p stays p_0
+        self.distribution.probs.copy_(apply_actions(self.distribution.probs, a, self.learner.action_values))
     self.e_prev, self.s_prev, self.a_prev = e, s, a
     self.trajectory.append(self.distribution.probs.tolist())
     return {**logs, "pads_probs": self.trajectory[-1]}
@@ -573,10 +579,27 @@ def diagnose(cls: PADS, steps, epochs, method_kwargs) -> list[str]:
     plot_policy_run(steps, edges)
     return [distribution_sentence(epochs, edges), critic_sentence(steps), signal_sentence(steps, edges)]
 
+# %% ../../nbs/23_methods.pads.ipynb #6a400386
+NULL_DRAWS = 1000   # simulated runs of the random policy behind PADS's null
+
+def random_policy_kl(p0, # (K,) the initial distribution
+                     action_values, # the factors an action multiplies a bin by
+                     steps_at: list[int], # policy steps taken by the end of each epoch the criterion averages over
+                     n: int = NULL_DRAWS, # simulated runs
+                     seed: int = 0, # seed of the simulation (fixed: the null is a function of the run's settings)
+                    ) -> np.ndarray:
+    "Mean KL(p_e || p_0) over those epochs when every bin's factor is drawn uniformly at every policy step, `n` runs."
+    p0, logs = np.asarray(p0, float), np.log(np.asarray(action_values, float))
+    rng, T = np.random.default_rng(seed), max(steps_at, default=0)
+    walk = np.cumsum(rng.choice(logs, size=(n, T, len(p0))), axis=1) + np.log(p0)           # log p_t, unnormalised
+    walk = np.concatenate([np.broadcast_to(np.log(p0), (n, 1, len(p0))), walk], axis=1)   # t = 0: p_0 itself
+    kl = lambda t: (np.exp(w := walk[:, t] - np.logaddexp.reduce(walk[:, t], axis=1, keepdims=True)) * (w - np.log(p0))).sum(1)
+    return np.mean([kl(t) for t in steps_at], axis=0)
+
 # %% ../../nbs/23_methods.pads.ipynb #18de4b91
 import inspect
 from scipy.special import rel_entr
-from .base import criterion, last_third
+from .base import criterion, last_third, null_record, against_null
 
 MOVED = 0.1   # nats: the mean KL(p_e || p_0) over the last third's epochs; ~ an even split of two halves of the bins moved to 72:28
 
@@ -589,4 +612,17 @@ def activity(cls: PADS, steps, epochs, config) -> dict:
     late = last_third(epochs)
     late = late.dropna(subset=["pads_probs"]) if "pads_probs" in late else late.iloc[:0]
     kl = [rel_entr(np.asarray(p, dtype=float), p0).sum() for p in late.get("pads_probs", [])]
-    return criterion("KL(p || p_0) in nats, last third", float(np.mean(kl)) if kl else None, MOVED)
+    record = criterion("KL(p || p_0) in nats, last third", float(np.mean(kl)) if kl else None, MOVED)
+    if not len(late) or "policy_steps" not in late: return record   # a log from before `policy_steps`: no null to draw
+    draws = random_policy_kl(p0, kw["action_values"], late.policy_steps.astype(int).tolist())
+    return against_null(record, null_record("policy acting at random", draws))
+
+# %% ../../nbs/23_methods.pads.ipynb #eec2203e
+PADS.STRUCTURE = {   # the paper's structure: flat field -> the value (or range) it keeps, with the citation
+    "method_kwargs.update_every": {"low": 30, "high": 150, "cite": "Sec. 5: M cross-validated within [30, 150]; Table 9a"},
+    "method_kwargs.n_bins": {"value": 30, "cite": "Sec. 5: K = 30; Table 5b"},
+    "method_kwargs.lambda_min": {"value": 0.1, "cite": "Sec. 5: U = [0.1, 1.4]; Table 5a"},
+    "method_kwargs.lambda_max": {"value": 1.4, "cite": "Sec. 5: U = [0.1, 1.4]; Table 5a"},
+    "method_kwargs.init": {"value": "uniform_low", "cite": "Table 5c: U[0.3, 0.7]"},
+    "method_kwargs.action_values": {"value": (0.8, 1.0, 1.25), "cite": "Sec. 5: alpha = 0.8, beta = 1.25"},
+    "method_kwargs.adapt": {"value": True, "cite": "Sec. 4.2: the policy adapts p"}}

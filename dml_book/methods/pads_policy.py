@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/methods.pads_policy.html.md"""
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #37cf4aab
 from __future__ import annotations
-import copy
+import copy, math
 from typing import Literal, get_args
 import torch
 import torch.nn.functional as F
@@ -201,6 +201,10 @@ def advantage(self: PolicyLearner,
     return (bootstrapped - value).detach(), self.value_coef * (value - metric) ** 2              # the published code
 
 # %% ../../nbs/23a_methods.pads_policy.ipynb #ad05b745
+def _holds_in_adam(g: Tensor) -> bool:
+    "Whether Adam's second moment can take the gradient `g`: finite, and its square (with the old moment's) below the dtype's largest number."
+    return g.numel() == 0 or bool(g.abs().max() <= math.sqrt(torch.finfo(g.dtype).max) / 2)   # NaN compares False
+
 @patch
 def update(self: PolicyLearner,
            state: Tensor, # the state s_t
@@ -219,8 +223,8 @@ def update(self: PolicyLearner,
     else: objective = reinforce_objective(lp, adv)
     loss = -objective + value_loss
     self.optimizer.zero_grad(); loss.backward()
-    finite = all(bool(torch.isfinite(p.grad).all()) for p in self.policy.parameters() if p.grad is not None)
-    if finite: self.optimizer.step()   # a gradient float32 could not hold: skipped, as torch.amp.GradScaler skips one
+    finite = all(_holds_in_adam(p.grad) for p in self.policy.parameters() if p.grad is not None)
+    if finite: self.optimizer.step()   # a gradient float32 could not hold (or whose square Adam could not): skipped, as torch.amp.GradScaler skips one
     self.n_updates += 1
     if self.algorithm == "ppo" and self.n_updates % self.old_policy_every == 0: self.old_policy.load_state_dict(self.policy.state_dict())
     return {"policy_loss": loss.item(), "advantage": float(adv), "value": self.value_of(value).item(), "critic_loss": value_loss.item(),
