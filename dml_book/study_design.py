@@ -16,10 +16,10 @@ from .study import (study_frame, paired_difference, seeds_needed, PRIMARY, VALID
 
 # %% auto #0
 __all__ = ['FAST_PATH', 'STUDY_SETTINGS', 'STUDY_SEEDS', 'PRETRAINED_BACKBONE', 'PRETRAINED_SETTINGS', 'REGIMES',
-           'PRETRAINED_REGIME', 'study_config', 'plot_calibration', 'precision_check', 'device_check', 'StudyError',
-           'config_fields', 'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs', 'cpu_seconds',
-           'RunClock', 'drop_scratch', 'record_divergence', 'train_one', 'run_arms', 'plan_seeds', 'describe',
-           'run_study', 'study_spec', 'study_variants', 'pretrained_config', 'chosen_regime']
+           'PRETRAINED_REGIME', 'ICONS_SETTINGS', 'study_config', 'plot_calibration', 'precision_check', 'device_check',
+           'StudyError', 'config_fields', 'arm_differences', 'Study', 'check_arms', 'run_facts', 'check_runs',
+           'cpu_seconds', 'RunClock', 'drop_scratch', 'record_divergence', 'train_one', 'run_arms', 'plan_seeds',
+           'describe', 'run_study', 'study_spec', 'study_variants', 'pretrained_config', 'chosen_regime']
 
 # %% ../nbs/11b_study_design.ipynb #e5164b8b
 FAST_PATH = dict(precision="auto", channels_last=True)   # bf16 where the device has the units; benchmarks/study_run.py
@@ -442,9 +442,10 @@ def _studies() -> dict:
                                       "backbone-hundredth": "backbone at 1/100", "bn-trains": "BatchNorm trains",
                                       "same-rate": "one rate for both (the from-scratch rate)"}),
         **{f"pretrained/{m}": (lambda m=m: _pretrained(m)) for m in ("ala", "hdml", "dcml", "pads", "dmml")},
+        **{f"icons/{m}": (lambda m=m: _on_icons(m)) for m in ("ala", "hdml", "dcml", "pads", "dmml")},
     }
 
-def study_spec(name: str, # a study: ala, hdml, dcml, pads, dmml, calibration/..., pretrained/regime, pretrained/<method>
+def study_spec(name: str, # a study: ala, hdml, dcml, pads, dmml, calibration/..., pretrained/regime, pretrained/<method>, icons/<method>
               ) -> Study:
     "The study `name` as declared: arms with the shared settings, declared differences, main arms."
     from dml_book.registry import check_choice
@@ -495,3 +496,11 @@ def chosen_regime(root, # the folder of the stored study `pretrained/regime`
         d = paired_difference(frame, arm, s.baseline, confidence)
         if d["n"] >= 2 and d["low"] > 0: wins[arm] = d["mean"]
     return max(wins, key=wins.get) if wins else s.baseline
+
+# %% ../nbs/11b_study_design.ipynb #ic000002
+ICONS_SETTINGS = dict(dataset="icons", dataset_kwargs={"size": 32, "min_images": 4})   # the second benchmark at the studies' size: 32-pixel RGB, classes of 4 designs or more
+
+def _on_icons(method: str) -> Study:
+    "The from-scratch study of `method` with every arm on `icons` (`ICONS_SETTINGS`), stored under icons/<method>."
+    s = _studies()[method]()
+    return replace(s, name=f"icons/{method}", arms={a: replace(c, **ICONS_SETTINGS) for a, c in s.arms.items()})

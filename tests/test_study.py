@@ -281,3 +281,29 @@ def test_the_chosen_regime_is_the_stored_studys():
     stored = RESULTS/"pretrained"/"regime"
     if not stored.is_dir(): pytest.skip("this clone stores no regime study")
     assert chosen_regime(stored) == PRETRAINED_REGIME
+
+
+def test_an_icons_study_runs_on_a_replica_and_reads_as_an_icons_line(tmp_path):
+    "`study_spec('icons/<method>')` trains on icon themes (a generated replica here) and its store reads as the icons line of `findings.transfer`."
+    from dataclasses import replace
+    from dml_book.data.icons import write_icon_replica
+    from dml_book.findings import finding, transfer, NOT_RUN
+    replica = write_icon_replica(tmp_path/"share-icons")
+    s = study_spec("icons/hdml")
+    shrink = lambda c: replace(c, data_root=str(replica), dataset_kwargs={**c.dataset_kwargs, "min_images": 3, "cache": str(tmp_path/"cache")},
+                               embedding_dim=8, batch_size=8, epochs=1, max_steps_per_epoch=1, val_fraction=0.0, eval_every=1, ks=(1,), device="cpu",
+                               num_workers=0)
+    tiny = replace(s, arms={a: shrink(s.arms[a]) for a in ("baseline", "hdml")}, declared={"hdml": s.declared["hdml"]})
+    store = tmp_path/"results"
+    frame = run_study(tiny, store, jobs=1, seeds={"baseline": (0, 1), "hdml": (0, 1)}, log=lambda line: None)
+    assert sorted(frame.variant) == ["baseline", "baseline", "hdml", "hdml"]
+    stored = json.loads((store/"icons"/"hdml"/"hdml"/"seed1"/"metrics.json").read_text())["config"]
+    assert (stored["dataset"], stored["dataset_kwargs"]["size"]) == ("icons", 32)
+    f = finding("hdml", "icons", store)
+    assert f["seeds"] == 2 and f["compared"] == ["hdml", "baseline"] and "icons" in f["verdict"]
+    assert finding("hdml", root=store) is None   # the glyphs-XL line is not the icons study
+    from dml_book.study import regimes
+    said = regimes("icons/hdml", store, dataset="icons").splitlines()   # a page's lines read the study by its folder, as they read pretrained/<method>
+    assert said[0] == f"Trained from scratch: {f['verdict']}" and "no study with two paired seeds is stored under results/pretrained/icons/hdml/" in said[1]
+    t = transfer(["hdml"], store).iloc[0]
+    assert t["icons"]["diff"] == f["diff"] and t["glyphs-XL"] is None and NOT_RUN in t.sentence

@@ -8,3 +8,4 @@ from .reid import *
 from .glyph_products import *
 from .folder import *
 from .glyph_pretrain import *
+from .icons import *
