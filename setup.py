@@ -16,7 +16,7 @@ from setuptools.command.sdist import sdist
 
 HERE = Path(__file__).resolve().parent
 SHIPPED = {"nbs/experiments": "", "params": "params"}   # source folder -> folder under dml_book/_experiments
-SUMMARIES = ("study.json", "study_time.json", "metrics.json", "run.json", "diverged.json", "infeasible.json", "plan.json")   # the files of results/ that ship, by name
+SUMMARIES = ("study.json", "study_time.json", "metrics.json", "run.json", "diverged.json", "infeasible.json", "plan.json", "deviations.json", "deviations_before_plans.json")   # the files of results/ that ship, by name
 
 
 def linked(path, # a file of the source tree

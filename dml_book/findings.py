@@ -7,19 +7,25 @@ Docs: https://dml-book.github.io/dml_book/findings.html.md"""
 # %% ../nbs/11d_findings.ipynb #942438f7
 from __future__ import annotations
 from pathlib import Path
+import numpy as np
 import pandas as pd
 from .study import study_report, paired_difference, metric_name, verdict
 from .results import results_dir
 
 # %% auto #0
-__all__ = ['REGIMES', 'SETTINGS_OWN', 'MECHANISM_AT_WORK', 'SETTINGS', 'CERTIFIED', 'STUDIES', 'OFF', 'VERSUS', 'SHOWN',
-           'INFEASIBLE', 'NOT_YET', 'EARLIER', 'main_arm', 'paired_p', 'mechanism_label', 'finding', 'power_seeds',
-           'arm_means', 'tuning_moves', 'moves_sentence', 'holm', 'findings', 'Findings', 'finding_text', 'infeasible',
+__all__ = ['REGIMES', 'ICONS', 'STUDY_FOLDERS', 'BENCHMARKS', 'SETTINGS_OWN', 'MECHANISM_AT_WORK', 'SETTINGS', 'CERTIFIED',
+           'STUDIES', 'OFF', 'VERSUS', 'SHOWN', 'INFEASIBLE', 'NOT_YET', 'EARLIER', 'NOT_RUN', 'BEFORE_PLANS',
+           'main_arm', 'paired_p', 'mechanism_label', 'finding', 'power_seeds', 'check_certified', 'arm_means',
+           'tuning_moves', 'moves_sentence', 'holm', 'findings', 'Findings', 'finding_text', 'infeasible',
            'verdict_cell', 'findings_markdown', 'plot_findings', 'first_screen', 'screen_text', 'screen_cells',
-           'first_screen_markdown', 'plot_first_screen', 'regime_sentences', 'provenance', 'provenance_markdown']
+           'first_screen_markdown', 'plot_first_screen', 'regime_sentences', 'paired_points', 'agrees', 'transfer',
+           'rank_transfer', 'transfer_markdown', 'provenance', 'provenance_markdown', 'deviations_frame']
 
 # %% ../nbs/11d_findings.ipynb #e9368c8d
 REGIMES = {"from scratch": "{method}", "pretrained": "pretrained/{method}"}   # regime -> its study's folder under results/
+ICONS = "icons"   # the second benchmark's regime: from scratch on icon themes (`dml_book.data.icons`), its studies under results/icons/
+STUDY_FOLDERS = {**REGIMES, ICONS: "icons/{method}"}   # every regime `finding` reads; `findings` and the first screen show glyphs-XL's (`REGIMES`)
+BENCHMARKS = {"glyphs-XL": "from scratch", "icons": ICONS}   # the transfer table's benchmarks -> their regime, each at the papers' settings
 SETTINGS_OWN = "papers'"   # the study's own settings: a verdict line names no settings
 MECHANISM_AT_WORK = "tuned, mechanism at work"   # the settings whose search may find no setting at all (`infeasible`)
 SETTINGS = {"papers'": "{study}", "tuned": "{study}/tuned",   # whose settings the arms train with -> the study's folder
@@ -59,15 +65,16 @@ def mechanism_label(study, # a study's folder
     return dict(mechanism="at work" if at_work else "tuned away" if settings != SETTINGS_OWN else "not at work", mechanism_seeds=f"{met} of {known}")
 
 def finding(method: str, # a method with a study under `results/`
-            regime: str = "from scratch", # a key of `REGIMES`
+            regime: str = "from scratch", # a key of `STUDY_FOLDERS`
             root=None, # the results store (default: `results_dir()`)
             settings: str = "papers'", # a key of `STUDIES`: the study's own settings, each arm tuned alike, or a certified study's plan
             versus: str = "baseline", # a key of `VERSUS`: the study's baseline, or (a certified study) the method with its mechanism off
            ) -> dict | None:
     "The study's first main arm against its baseline (or against itself with its mechanism off), in points: `diff`, `low`, `high` (95% interval), `seeds`, `decided` (better, worse, undecided); None where none pairs two seeds."
     if versus not in VERSUS: raise ValueError(f"versus={versus!r}: a line compares the method with one of {', '.join(map(repr, VERSUS))}")
-    rep = study_report(STUDIES[settings].format(study=REGIMES[regime].format(method=method)), root)
+    rep = study_report(STUDIES[settings].format(study=STUDY_FOLDERS[regime].format(method=method)), root, dataset="icons" if regime == ICONS else "glyphs-XL")
     if rep is None: return None
+    if settings == CERTIFIED: check_certified(rep["root"])   # a run of another plan, device kind or number format is refused, never averaged in
     base = rep["design"].get("baseline", "baseline")
     other = base if versus == "baseline" else OFF.format(method=method)
     arm = main_arm(rep, method, rep["verdict_of"] if versus == "baseline" else set(rep["frame"].variant))
@@ -88,6 +95,15 @@ def power_seeds(sd: float, # standard deviation of the paired differences, in po
     "The seeds the power rule asks of a study with this spread: a 95% interval of half-width `TARGET_HALF_WIDTH`, between `MIN_SEEDS` and `MAX_SEEDS`."
     from dml_book.study import seeds_needed, MIN_SEEDS, MAX_SEEDS, TARGET_HALF_WIDTH
     return seeds_needed(sd, TARGET_HALF_WIDTH, lo=MIN_SEEDS, hi=MAX_SEEDS)
+
+# %% ../nbs/11d_findings.ipynb #plans-check
+def check_certified(folder, # a certified study's folder: its `plan.json` and arms
+                   ) -> None:
+    "Every run of a certified study was made under its plan (`plans.check_run`); a `PlanError` in one line otherwise."
+    from dml_book.plans import read_plan, check_run, PLAN   # here, not above: the plan's checks build the trainer's configuration, which a report of the other studies does not need
+    plan = read_plan(Path(folder)/PLAN)
+    for run in sorted({m.parent for pattern in ("*/seed*/metrics.json", "*/seed*/diverged.json") for m in Path(folder).glob(pattern)}):
+        check_run(run, plan)
 
 # %% ../nbs/11d_findings.ipynb #9e09e9a7
 def arm_means(name: str, # a method's study
@@ -328,6 +344,80 @@ def regime_sentences(method: str, # a method with studies under `results/`
         out.append(f"{name}{only}: " + " ".join(said + ([f"{MECHANISM_AT_WORK}: {gone['text']}."] if gone else [])))
     return "\n".join(out)
 
+# %% ../nbs/11d_findings.ipynb #tr000002
+NOT_RUN = "not yet run"   # a transfer cell whose study is not stored
+
+def paired_points(f: dict, # a `finding`
+                  root=None, # the results store it was read from (default: `results_dir()`)
+                 ) -> np.ndarray:
+    "The seed-paired differences (points) behind the finding `f`, in the order of its paired seeds."
+    rep = study_report(STUDIES[f["settings"]].format(study=STUDY_FOLDERS[f["regime"]].format(method=f["method"])), root)
+    v = rep["frame"].pivot_table(index="seed", columns="variant", values="value")
+    arm, other = f["compared"]
+    return 100 * (v[arm] - v[other]).loc[f["paired"]].to_numpy(dtype=float)
+
+def agrees(a: dict, # a `finding` on one benchmark
+           b: dict, # the same method's `finding` on another
+          ) -> bool:
+    "Whether two lines say the same: the sign of their differences and their decisions (better, worse, undecided) both agree."
+    return bool(np.sign(a["diff"]) == np.sign(b["diff"]) and a["decided"] == b["decided"])
+
+
+# %% ../nbs/11d_findings.ipynb #tr000003
+def transfer(methods=("ala", "dcml", "dmml", "hdml", "pads"), # the methods, in the table's order
+             root=None, # the results store (default: `results_dir()`)
+            ) -> pd.DataFrame:
+    "Per method: its papers'-settings line on each of `BENCHMARKS` (None where not stored), whether they agree (None unless both are), and a sentence."
+    rows = []
+    for m in methods:
+        f = {b: finding(m, r, root) for b, r in BENCHMARKS.items()}
+        g, i = f.values()
+        same = agrees(g, i) if g is not None and i is not None else None
+        said = (f"{m.upper()}: {next(b for b, x in f.items() if x is None)} {NOT_RUN}, so whether its finding transfers is not known." if same is None else
+                f"{m.upper()}: {g['decided']} on glyphs-XL and {i['decided']} on icons ({i['diff']:+.1f} points), so its finding "
+                + ("transfers." if same else "does not transfer."))
+        rows.append(dict(method=m, **{b: x for b, x in f.items()}, agree=same, sentence=said))
+    return pd.DataFrame(rows, columns=["method", *BENCHMARKS, "agree", "sentence"])
+
+def rank_transfer(table: pd.DataFrame, # `transfer`
+                  root=None, # the results store it was read from
+                  draws: int = 2000, # bootstrap draws
+                  seed: int = 0, # the generator's seed
+                  confidence: float = 0.95, # level of the percentile interval
+                 ) -> dict:
+    """Spearman's rank correlation of the methods' effects on the two benchmarks (`rho`, `methods`), with a percentile bootstrap
+    interval (`low`, `high`) over seeds: each draw resamples each method's paired seeds on each benchmark; `why` (else None) says why there is none."""
+    both = table[table.agree.notna()]
+    if len(both) < 3: return dict(rho=None, low=None, high=None, methods=list(both.method), draws=0,
+                                  why=f"{len(both)} method(s) have a stored study on both benchmarks; a rank correlation needs at least 3.")
+    from scipy.stats import spearmanr
+    g, i = ([paired_points(f, root) for f in both[b]] for b in BENCHMARKS)
+    rho = float(spearmanr([d.mean() for d in g], [d.mean() for d in i]).statistic)
+    rng = np.random.default_rng(seed)
+    boot = [spearmanr([rng.choice(d, len(d)).mean() for d in g], [rng.choice(d, len(d)).mean() for d in i]).statistic for _ in range(draws)]
+    boot = np.array(boot, dtype=float); boot = boot[~np.isnan(boot)]   # a draw with tied effects throughout has no rank correlation
+    low, high = np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return dict(rho=rho, low=float(low), high=float(high), methods=list(both.method), draws=len(boot), why=None)
+
+
+# %% ../nbs/11d_findings.ipynb #tr000006
+def transfer_markdown(table: pd.DataFrame, # `transfer`
+                      corr: dict, # `rank_transfer`
+                     ) -> str:
+    "The findings page's transfer table: per method its line on each benchmark and whether they agree, then the share that agree and the rank correlation."
+    cell = lambda f: NOT_RUN if f is None else finding_text(f)
+    rows = ["| method | " + " | ".join(f"{b}, papers' settings" for b in BENCHMARKS) + " | sign and label agree |", "|---|---|---|---|"]
+    rows += [f"| {r['method'].upper()} | " + " | ".join(cell(r[b]) for b in BENCHMARKS) + f" | {'' if r['agree'] is None else 'yes' if r['agree'] else 'no'} |"
+             for _, r in table.iterrows()]
+    both = table.agree.dropna()
+    rows.append("")
+    rows.append(f"Lines that agree in sign and label: {int(both.sum())} of {len(both)} ({100 * both.mean():.0f}%)." if len(both) else
+                "Lines that agree in sign and label: none to compare yet (no method has a stored study on both benchmarks).")
+    rows.append(f"Rank (Spearman) correlation of the effects over {len(corr['methods'])} methods: {corr['rho']:+.2f}, {corr['draws']} bootstrap draws "
+                f"over paired seeds give {corr['low']:+.2f} to {corr['high']:+.2f}." if corr["why"] is None else f"No rank correlation: {corr['why']}")
+    return "\n".join(rows + [""] + list(table.sentence))
+
+
 # %% ../nbs/11d_findings.ipynb #pv000002
 def _counted(values) -> str:
     "'bf16 (all 10 runs)', or 'bf16 (6 runs), fp32 (4 runs)' in order of count."
@@ -369,3 +459,20 @@ def provenance_markdown(table: pd.DataFrame, # `provenance`
         what = p.settings + ("" if p.versus == "baseline" else f", against {VERSUS[p.versus]}")
         rows.append(f"| {p.method.upper()} | {p.regime} | {what} | {p.device} | {p.precision} | {p.libraries} | {p.machines} |")
     return "\n".join(rows)
+
+# %% ../nbs/11d_findings.ipynb #plans-deviations
+BEFORE_PLANS = "deviations_before_plans.json"   # the rule changes and re-runs behind the lines decided before the plans
+
+def deviations_frame(methods, # the methods whose plans are read
+                     root=None, # the results store (default: `results_dir()`)
+                    ) -> pd.DataFrame:
+    "One row per deviation: a plan's change after a run under it (`plans.deviations`), then each recorded change before the plans: date, line, what changed, before, after."
+    from dml_book.plans import plan_path, deviations
+    from dml_book.files import read_json
+    root = Path(root) if root is not None else results_dir()
+    rows = [dict(date=d["date"], line=f"{m.upper()}, {r}, certified", change=d["key"], before=d["before"], after=d["after"])
+            for m in methods for r in ("from scratch", "pretrained") if (path := plan_path(m, r, root)).exists() for d in deviations(path)]
+    if (root/BEFORE_PLANS).exists():
+        rows += [dict(date=d["date"], line=d["line"], change=d["rule"], before=d["before"], after=d["after"])
+                 for d in read_json(root/BEFORE_PLANS, {"deviations": (lambda v: isinstance(v, list), "a list of deviations")}, f"restore {BEFORE_PLANS} from git")["deviations"]]
+    return pd.DataFrame(rows, columns=["date", "line", "change", "before", "after"])
