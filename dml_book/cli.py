@@ -6,7 +6,7 @@ Docs: https://dml-book.github.io/dml_book/cli.html.md"""
 
 # %% ../nbs/10_cli.ipynb #d5b67c0f
 from __future__ import annotations
-import argparse, json, os, sys
+import argparse, json, os, sys, warnings
 from dataclasses import fields, asdict, replace
 from pathlib import Path
 from typing import Literal, get_args, get_origin, get_type_hints
@@ -640,7 +640,12 @@ def main(argv: list[str] | None = None, # the arguments after `dml-book`; None: 
     "Entry point of the `dml-book` command: 0, 2 for an error (one line), 130 for Ctrl-C, 141 for a closed pipe."
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
-    try: return _run(argv, command)
+    try:
+        with warnings.catch_warnings():   # dml_book's own warnings (a batch a loss cannot use) as one line, as its errors
+            show = warnings.showwarning
+            warnings.showwarning = lambda m, cat, *a, **k: (sys.stderr.write(f"dml-book: warning: {one_line(str(m))}\n")
+                                                             if cat.__module__.startswith("dml_book") else show(m, cat, *a, **k))
+            return _run(argv, command)
     except KeyboardInterrupt:   # one write, as for errors
         hint = INTERRUPTED.get(command or "", "files written so far are whole")
         sys.stderr.write(f"dml-book: interrupted; {hint}\n"); return 130

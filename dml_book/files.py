@@ -19,6 +19,7 @@ __all__ = ['MARK', 'FIGURE_SUFFIXES', 'MANIFEST', 'MANIFEST_SCHEMA', 'FileError'
 # %% ../nbs/08e_files.ipynb #3b0ed1ba
 class FileError(ConfigError):
     "A file or folder that dml_book refuses to write or read; the message names it and what to do."
+    def _render_traceback_(self): return [f"FileError: {self}"]   # a notebook (IPython) shows this one line, not a traceback
 
 def _link_error(path) -> FileError:
     return FileError(f"{path} is a symbolic link, and dml_book writes and reads no file through a link: remove the link, "

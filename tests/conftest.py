@@ -45,3 +45,13 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_sep("=", "slowest files (seconds, all phases)")
     for f, s in top: terminalreporter.write_line(f"{s:8.1f}  {f}")
     if _workers: terminalreporter.write_line("busy per worker: " + ", ".join(f"{w} {s:.0f} s" for w, s in sorted(_workers.items())))
+
+
+@pytest.fixture
+def no_hang():
+    "A read that blocks (a FIFO opened without O_NONBLOCK) fails the test after 30 s instead of hanging the suite."
+    import signal
+    def stop(*_): raise TimeoutError("a read blocked")
+    old = signal.signal(signal.SIGALRM, stop); signal.alarm(30)
+    yield
+    signal.alarm(0); signal.signal(signal.SIGALRM, old)

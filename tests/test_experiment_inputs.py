@@ -1,6 +1,6 @@
 """`dml-book experiment` checks its parameter file, its notebook and its kernel before any kernel starts (issue 72, item 7):
 each malformed input is one line on stderr and exit status 2, and papermill is never called."""
-import os, signal
+import os
 import nbformat, pytest
 
 DEEP = "seeds: " + "[" * 3000 + "]" * 3000 + "\n"   # PyYAML recurses once per level: RecursionError unchecked
@@ -15,13 +15,7 @@ PARAMS = [("a list", "- 1\n- 2\n", "holds a list, not a mapping of parameter nam
           ("a huge list", BOMB, "holds more than 100000 items")]
 
 
-@pytest.fixture(autouse=True)
-def no_hang():
-    "A read that blocks (a FIFO) fails the test after 30 s instead of hanging the suite."
-    def stop(*_): raise TimeoutError("a read blocked")
-    old = signal.signal(signal.SIGALRM, stop); signal.alarm(30)
-    yield
-    signal.alarm(0); signal.signal(signal.SIGALRM, old)
+pytestmark = pytest.mark.usefixtures("no_hang")   # a blocking read fails after 30 s (tests/conftest.py)
 
 
 @pytest.fixture

@@ -165,3 +165,81 @@ def test_a_full_disk_leaves_the_stored_selection_and_cost_whole_and_says_so(tune
         assert "\n" not in str(e.value)
     assert {f: f.read_bytes() for f in (sel, cost)} == before   # the earlier files, whole
     assert not [p for p in root.rglob(".*.tmp")]   # no temporary file left
+
+
+def test_a_page_reading_a_bad_record_shows_one_line(tmp_path):
+    "A notebook (a real kernel, as Jupyter, Quarto and papermill run the pages) reading a record that is not JSON: its error output is one line naming the file, no traceback."
+    import nbformat
+    from nbclient import NotebookClient
+    (tmp_path/"metrics.json").write_text("{not json")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        f"from dml_book.files import read_json\nread_json({str(tmp_path/'metrics.json')!r}, {{}}, 'run it again')")])
+    NotebookClient(nb, kernel_name="python3", allow_errors=True, timeout=120, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    [out] = nb.cells[0].outputs
+    assert out.output_type == "error" and out.ename == "FileError", out
+    assert len(out.traceback) == 1 and "\n" not in out.traceback[0], out.traceback
+    assert out.traceback[0].startswith("FileError: ") and "metrics.json" in out.traceback[0] and "Traceback" not in out.traceback[0], out.traceback
+
+
+WARN = """
+import torch, dml_book.cli as C
+from dml_book.losses.triplet import {loss}
+def command(args):   # a command whose batch the loss cannot use: one class only, no negative
+    {loss}()(torch.randn(4, 8), torch.zeros(4, dtype=torch.long)); return 0
+C.list_command = command
+raise SystemExit(C.main(["list"]))
+"""
+
+def test_the_command_line_shows_a_batch_the_loss_cannot_use_in_one_line():
+    "A loss's `UnusableBatchWarning` reaches the user of `dml-book` as one line `dml-book: warning: ...`, not Python's two lines with a file and source."
+    from dml_book.losses.triplet import TripletLoss
+    r = subprocess.run([sys.executable, "-c", WARN.format(loss=TripletLoss.__name__)], capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dml-book: warning: TripletLoss: "), r.stderr
+    assert "pytorch-metric-learning" in lines[0] and "UnusableBatchWarning" not in lines[0] and ".py:" not in lines[0], r.stderr
+
+
+DECIDE = """import sys; sys.path.insert(0, {here!r})
+from dataclasses import replace
+from test_tune_active import dmml_tuning
+import dml_book.selection as S, dml_book.cli as C
+t = dmml_tuning(trials=3); t = replace(t, study=replace(t.study, main=("dmml",)))
+S.active_tuning = lambda *a, **k: t   # the tiny study in place of DMML's own (the command line names only the book's studies)
+raise SystemExit(C.main(["tune", "dmml", "--active", "--decide", "--yes", "--trials", "3", "--epochs", "1", "--results", {root!r}]))
+"""
+
+def _decide(root: Path, **kw):
+    return subprocess.Popen([sys.executable, "-c", DECIDE.format(here=str(HERE), root=str(root))], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+def _decided(root: Path) -> dict:
+    "Each decision run's final metrics, by its folder."
+    d = root/"tiny"/"tuned-active"
+    return {str(f.parent.relative_to(d)): json.loads(f.read_text())["final"] for f in sorted(d.glob("*/seed*/metrics.json"))}
+
+
+@pytest.mark.slow
+def test_the_command_lines_decision_killed_part_way_resumes_to_the_same_numbers(tmp_path):
+    "`dml-book tune <m> --active --decide` killed (kill -9) inside a decision run, then the same command: the numbers of an uninterrupted run, each run counted once in cost.json."
+    T.tune(dmml_tuning(trials=3), str(tmp_path/"whole"), log=lambda s: None)   # the trials: the command finds them done
+    p = _decide(tmp_path/"whole"); out = p.communicate(timeout=300)[0]
+    assert p.returncode == 0, out
+    shutil.copytree(tmp_path/"whole", tmp_path/"s", ignore=lambda d, names: ["tuned-active"] if Path(d).name == "tiny" else [])
+    dec = tmp_path/"s"/"tiny"/"tuned-active"
+    p = _decide(tmp_path/"s", start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while p.poll() is None and time.monotonic() < deadline and not (
+                len(list(dec.glob("*/seed*/run.json"))) >= 2 and [c for c in dec.glob("*/seed*/checkpoint.pt") if not (c.parent/"run.json").exists()]):
+            time.sleep(0.02)
+        os.killpg(p.pid, signal.SIGKILL)   # inside a decision run, two finished before it
+    finally: p.wait(timeout=60)
+    assert p.returncode == -signal.SIGKILL, p.communicate()[0]   # killed, not finished
+    again = _decide(tmp_path/"s"); out = again.communicate(timeout=300)[0]
+    assert again.returncode == 0, out
+    whole = json.loads((tmp_path/"whole"/"tiny"/"tuned-active"/"cost.json").read_text())
+    cost = json.loads((dec/"cost.json").read_text())
+    assert _decided(tmp_path/"s") == _decided(tmp_path/"whole") and len(_decided(tmp_path/"s")) == whole["runs"]["decision"]
+    assert cost["runs"] == whole["runs"], (cost, whole)   # each run counted once: the killed one too

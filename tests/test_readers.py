@@ -2,7 +2,7 @@
 without its seed, a garbled `study.json`, `study_time.json` or `run.json`, a mechanism record that disagrees with its own
 value and threshold, NaN taken for met or feasible, a table that lost a column, null minutes in `cost.json`, and a FIFO
 in place of any of these files: each is one `FileError` naming the file (or, for NaN, never counted), and no read blocks."""
-import contextlib, io, json, os, signal
+import contextlib, io, json, os
 from pathlib import Path
 import numpy as np, pandas as pd, pytest
 from dml_book.files import FileError
@@ -10,13 +10,7 @@ from dml_book.files import FileError
 R1 = {"baseline": [0.50, 0.52, 0.51], "hdml": [0.47, 0.50, 0.48]}
 
 
-@pytest.fixture(autouse=True)
-def no_hang():
-    "A read that blocks (a FIFO opened without O_NONBLOCK) fails the test after 20 s instead of hanging the suite."
-    def stop(*_): raise TimeoutError("a read blocked")
-    old = signal.signal(signal.SIGALRM, stop); signal.alarm(20)
-    yield
-    signal.alarm(0); signal.signal(signal.SIGALRM, old)
+pytestmark = pytest.mark.usefixtures("no_hang")   # a blocking read fails after 30 s (tests/conftest.py)
 
 
 def run(folder: Path, seed: int, r1: float, method: str = "baseline", mechanism=None):

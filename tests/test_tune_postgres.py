@@ -1,16 +1,18 @@
 """The cluster path against a real database: a PostgreSQL server from Debian's package on a Unix socket in a temporary
 folder; two tuning processes started at once on one fresh database (both creating its tables), one of them killed
-with kill -9 in the middle of a trial, then a resume: every trial counted once (issue 62, item 9)."""
+with kill -9 in the middle of a trial, then a resume: every trial counted once (issue 62, item 9). The server stopped in the
+middle of a trial and started again, and four tuners at once on a fresh database (issue 72, item 5)."""
 import glob, json, os, pwd, shutil, signal, subprocess, sys, tempfile, textwrap, time
 from pathlib import Path
+from types import SimpleNamespace
 import pytest
 
 INSTALL = "sh tools/system_packages.sh (apt-get install -y postgresql), and pip install -e '.[cluster]' for the driver"
 
 
 @pytest.fixture(scope="module")
-def postgres():
-    "The URL of a fresh database `tune` on a PostgreSQL server of its own (a socket in a temporary folder, no TCP)."
+def server():
+    "A PostgreSQL server of its own (a socket in a temporary folder, no TCP) with a fresh database `tune`: its URL, and `pg_ctl`."
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if not found: pytest.skip(f"no PostgreSQL server installed: {INSTALL}")
     pytest.importorskip("psycopg", reason=f"no PostgreSQL driver: {INSTALL}")
@@ -20,28 +22,43 @@ def postgres():
         try: user = pwd.getpwnam("nobody")
         except KeyError: pytest.skip("running as root with no user 'nobody' to run PostgreSQL as")
         os.chown(folder, user.pw_uid, user.pw_gid); who = dict(user=user.pw_uid, group=user.pw_gid)
-    run = lambda *cmd: subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True, cwd=folder, **who)
+    run = lambda *cmd, check=True: subprocess.run([str(c) for c in cmd], check=check, capture_output=True, text=True, cwd=folder, **who)
     run(bin_/"initdb", "-D", folder/"data", "-U", "dml", "--auth=trust", "-E", "UTF8")
-    run(bin_/"pg_ctl", "-D", folder/"data", "-l", folder/"log", "-w", "-o", f"-k {folder} -h ''", "start")
+    ctl = lambda what, check=True: run(bin_/"pg_ctl", "-D", folder/"data", "-l", folder/"log", "-w", "-m", "immediate",
+                                       "-o", f"-k {folder} -h ''", what, check=check)
+    ctl("start")
     try:
         run(bin_/"createdb", "-h", folder, "-U", "dml", "tune")
-        yield f"postgresql+psycopg://dml@/tune?host={folder}"
+        yield SimpleNamespace(url=f"postgresql+psycopg://dml@/tune?host={folder}", host=str(folder), ctl=ctl)
     finally:
-        run(bin_/"pg_ctl", "-D", folder/"data", "-m", "immediate", "-w", "stop")
+        ctl("stop", check=False)   # a test that stopped it may have failed before starting it again
         shutil.rmtree(folder, ignore_errors=True)
+
+@pytest.fixture(scope="module")
+def postgres(server):
+    "The URL of the database `tune` on the test's own server."
+    return server.url
+
+def fresh_database(server, name: str) -> str:
+    "The URL of a new, empty database `name` on `server` (no tables yet)."
+    import psycopg
+    with psycopg.connect(host=server.host, user="dml", dbname="tune", autocommit=True) as c: c.execute(f"CREATE DATABASE {name}")
+    return server.url.replace("/tune?", f"/{name}?")
 
 
 SCRIPT = textwrap.dedent("""
     import sys; sys.path.insert(0, {tests!r})
     from test_tune import tiny_tuning, barrier
     from dml_book.tune import tune
-    barrier({ready!r}, {n})   # after the imports: both create the tables at once
-    tune(tiny_tuning(trials=3, epochs=4), {results!r}, storage={url!r}, heartbeat=2, arms=("baseline",))
+    from dml_book.study_design import StudyError
+    barrier({ready!r}, {n})   # after the imports: all create the tables at once
+    try: tune(tiny_tuning(trials={trials}, epochs={epochs}), {results!r}, storage={url!r}, heartbeat=2, arms=("baseline",))
+    except StudyError as e: print(f"dml-book: error: {{e}}"); sys.exit(2)   # as the command line shows it
 """)
 
 
-def _tuning(tmp_path, url, n, ready):
-    code = SCRIPT.format(tests=str(Path(__file__).parent), ready=str(ready), n=n, results=str(tmp_path), url=url)
+def _tuning(tmp_path, url, n, ready, trials=3, epochs=4):
+    code = SCRIPT.format(tests=str(Path(__file__).parent), ready=str(ready), n=n, results=str(tmp_path), url=url, trials=trials, epochs=epochs)
     return subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, OMP_NUM_THREADS="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -80,6 +97,59 @@ def test_two_processes_share_a_fresh_postgresql_database_through_a_kill_and_a_re
     assert json.loads(done[done["first"]].params.iloc[0]) == tuning.first("baseline")
     assert sorted(p.name for p in folder.glob("trial[0-9]*")) == sorted(f"trial{n}" for n in origin[frame.counted])
     assert T.recover_finished(study, folder, tuning, "baseline") == []                  # nothing left to recover
+
+
+def _counted_once(url, trials: int, folder: Path):
+    "The arm's trials frame, after checking that `trials` settings were counted, each once, none completed twice, each with its folder."
+    import optuna
+    from dml_book import tune as T
+    from test_tune import tiny_tuning
+    study = optuna.load_study(study_name="tiny/baseline", storage=T.open_storage(url))
+    frame = T.trials_frame(study, trials)
+    origin = frame.retry_of.fillna(frame.number).astype(int)
+    assert frame.counted.sum() == trials and origin[frame.counted].is_unique, frame      # each setting counted once
+    assert origin[frame.state == "COMPLETE"].is_unique, frame                            # none completed twice
+    assert set(origin[frame.state == "FAIL"]) <= set(origin[frame.counted]), frame      # a failed trial ran again to the end
+    assert sorted(p.name for p in folder.glob("trial[0-9]*")) == sorted(f"trial{n}" for n in origin[frame.counted])
+    assert T.recover_finished(study, folder, tiny_tuning(trials=trials), "baseline") == []
+    return frame, origin
+
+
+@pytest.mark.slow
+def test_a_server_stopped_in_the_middle_of_a_trial_and_started_again(tmp_path, server):
+    "The server stops while a trial trains: one line saying to start it again; started again, the same command retries that trial once its heartbeat is silent, and counts it once."
+    url = fresh_database(server, "stopped")
+    proc = _tuning(tmp_path, url, 1, tmp_path/"ready", trials=2, epochs=4)
+    folder, deadline, running = tmp_path/"tiny"/"tuning"/"baseline", time.time() + 300, None
+    while running is None and proc.poll() is None and time.time() < deadline:
+        running = next(iter(folder.glob("trial*/checkpoint.pt")), None)   # a trial part-way
+        time.sleep(0.02)
+    assert running is not None, proc.communicate()[0]
+    server.ctl("stop")
+    try: out = proc.communicate(timeout=300)[0]
+    finally: server.ctl("start")
+    lines = out.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in out, out
+    assert lines[-1].startswith("dml-book: error: storage postgresql+psycopg://dml@/stopped") and lines[-1].endswith(
+        "cannot be reached (the server went away?): start it again and run the same command (the tuning resumes)"), out
+    again = _tuning(tmp_path, url, 1, tmp_path/"ready-again", trials=2, epochs=4)
+    out = again.communicate(timeout=300)[0]
+    assert again.returncode == 0, out
+    frame, origin = _counted_once(url, 2, folder)
+    stopped = int(running.parent.name.removeprefix("trial"))
+    assert frame.set_index("number").state[stopped] == "FAIL", frame                    # the stopped trial failed (its heartbeat silent) ...
+    assert stopped in set(origin[frame.counted]) and (origin == stopped).sum() == 2, frame   # ... and its one retry counted
+
+
+@pytest.mark.slow
+def test_four_tuning_processes_on_a_fresh_database_count_every_trial_once(tmp_path, server):
+    "Four processes at once on a database with no tables yet: all create them, share the budget, and each setting is counted once."
+    url = fresh_database(server, "four")
+    procs = [_tuning(tmp_path, url, 4, tmp_path/"ready", trials=4, epochs=1) for _ in range(4)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, outs
+    frame, origin = _counted_once(url, 4, tmp_path/"tiny"/"tuning"/"baseline")
+    assert (frame.state == "COMPLETE").sum() >= 4 and not (frame.state == "FAIL").any(), frame   # no process failed another's trial
 
 
 OPEN = textwrap.dedent("""
