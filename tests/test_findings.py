@@ -124,3 +124,23 @@ def test_print_findings_shows_its_settings_column():
     f = findings(["hdml"], RESULTS)
     shown = str(f)
     assert "settings" in shown.splitlines()[0] and "tuned, mechanism at work" in shown and "..." not in shown
+
+
+def test_icons_studies_leave_the_glyphs_xl_findings_as_they_were(tmp_path):
+    "Studies on icons (results/icons/<method>/) are read as the icons regime; `findings()`, the first screen and Holm's family stay glyphs-XL's."
+    import shutil
+    sys.path.insert(0, str(ROOT))
+    from dml_book.findings import findings, finding, first_screen, ICONS
+    from dml_book.study_design import study_spec, describe
+    store = tmp_path/"results"
+    skip = shutil.ignore_patterns("tuning", "*.pt", "*.pth", "*.db")
+    for study in ("hdml", "pretrained/hdml"): shutil.copytree(RESULTS/study, store/study, ignore=skip)   # HDML's every stored line
+    before, screen = findings(["hdml"], store), first_screen(["hdml"], store)
+    icons = store/"icons"/"hdml"   # the stored glyphs-XL HDML study's runs, as if on icons
+    shutil.copytree(RESULTS/"hdml", icons, ignore=shutil.ignore_patterns("tuned*", "tuning", "certified", "*.pt", "*.pth", "*.db"))
+    (icons/"study.json").write_text(json.dumps(describe(study_spec("icons/hdml")), default=str))
+    after = findings(["hdml"], store)
+    assert after.equals(before) and len(after) >= 3 and ICONS not in set(after.regime)
+    assert first_screen(["hdml"], store).equals(screen)
+    f, g = finding("hdml", ICONS, store), finding("hdml", root=RESULTS)
+    assert (f["diff"], f["seeds"], f["decided"]) == (g["diff"], g["seeds"], g["decided"]) and "icons" in f["verdict"] and "glyphs-XL" not in f["verdict"]

@@ -70,3 +70,9 @@ def test_the_2x_calls_are_the_installed_pmls():
     section = (ROOT/"README.md").read_text().split("## Coming from pytorch-metric-learning", 1)[1].split("\n## ", 1)[0]
     assert f"`MPerClassSampler{inspect.signature(MPerClassSampler)}`" in section
     assert isinstance(AccuracyCalculator().knn_func, FaissKNN) and "k-NN by faiss (`FaissKNN`)" in section
+
+
+def test_the_dev_extra_pins_the_stated_pml_version():
+    "A fresh `make install` takes the PML the README names, whatever PyPI has released since: the dev extra pins it."
+    pyproject = (ROOT/"pyproject.toml").read_text()
+    assert f'"pytorch-metric-learning=={stated_version()}"' in pyproject, "pin pytorch-metric-learning in the dev extra to the README's version"
