@@ -13,11 +13,12 @@ from .registry import ConfigError, quote
 from .methods.base import null_record
 
 # %% auto #0
-__all__ = ['PHASES', 'BUILT', 'NULL_SEEDS', 'certified_plan', 'null_value', 'off_null', 'run_phase', 'parser', 'main']
+__all__ = ['PHASES', 'BUILT', 'NULL_SEEDS', 'certified_plan', 'null_value', 'off_null', 'run_phase', 'study_name', 'searched_arm',
+           'plan_tuning', 'search', 'select', 'parser', 'main']
 
 # %% ../nbs/11j_certify.ipynb #c40c7f68
 PHASES = ("null", "search", "select", "decide")   # a plan's phases, in order
-BUILT = ("null", "decide")   # the phases this module runs today
+BUILT = PHASES   # the phases this module runs
 NULL_SEEDS = 20   # the -off arm's seeds: its values are the criterion's null at the pick (the plans' exclusions)
 
 def certified_plan(method: str, # the method the command names
@@ -52,17 +53,20 @@ def off_null(plan: P.Plan, # the study's plan
 # %% ../nbs/11j_certify.ipynb #63ec971f
 def run_phase(plan: P.Plan, # the study's plan (`certified_plan`)
               phase: str, # one of `PHASES`
-              pick, # a finished run of the pick (the method's for `null` and the method arm, the baseline's for it)
+              pick, # a finished run of the pick (the method's for `null` and the method arm, the baseline's for it); `search`: the start (None: the study's arm)
               results, # the results store the plan is in
-              arm: str | None = None, # `decide`: "baseline" or the method
+              arm: str | None = None, # `decide`: "baseline" or the method; `search`, `select`: an arm of `search.space` (None: the method)
               first: int | None = None, # only the first `first` decision seeds (default: NULL_SEEDS for null, power.min_seeds for decide)
               shard: tuple = (0, 1), # (i, k): this process trains every k-th seed from the i-th
               log=print, # where one line per seed goes
+              jobs: int = 1, # `search`: trials side by side (processes)
              ) -> list[int]:
-    "Train the phase's runs of the plan that are not stored yet; the seeds trained."
+    "Train the phase's runs of the plan that are not stored yet; the seeds trained (`search`: the trials, `select`: the candidates)."
     m = plan.method
     if phase not in PHASES: raise P.PlanError(f"phase {quote(phase)} is invalid: expected one of {', '.join(PHASES)}")
-    if phase not in BUILT: raise P.PlanError(f"phase {phase} is not built yet (see /work/logs/s68/plans/runbook.md): run it with dml-book tune --active, then --phase decide")
+    if phase not in BUILT: raise P.PlanError(f"phase {phase} is not built yet")
+    if phase == "search": return search(plan, results, pick, arm, jobs=jobs, log=log)
+    if phase == "select": return select(plan, results, arm, log=log)
     if phase == "null":
         if arm not in (None, f"{m}-off"): raise P.PlanError(f"phase null trains {m}-off, not {quote(arm)}")
         arm, first = f"{m}-off", first or min(NULL_SEEDS, len(plan.data["decision_seeds"]))
@@ -71,7 +75,123 @@ def run_phase(plan: P.Plan, # the study's plan (`certified_plan`)
     if not 1 <= first <= len(plan.data["decision_seeds"]): raise P.PlanError(f"first={first} is invalid: expected 1 to {len(plan.data['decision_seeds'])} (the plan's decision seeds)")
     i, k = shard
     if not (isinstance(k, int) and k >= 1 and 0 <= i < k): raise P.PlanError(f"shard {i}/{k} is invalid: expected I/K with 0 <= I < K")
+    if pick is None: raise P.PlanError(f"phase {phase} trains at a pick: name a finished run of it (--pick)")
     return P.decide_arm(plan, arm, pick, results, first, (i, k), log=log)
+
+# %% ../nbs/11j_certify.ipynb #5e1a7c02
+from dataclasses import asdict, fields, replace
+
+def _knob(k: dict): # a knob in plan form (`plans.certified_space`)
+    "The tuner's `Knob` of a plan-form knob."
+    from dml_book.tune import Knob
+    if "sets" in k: return Knob(k["field"], choices=tuple(k["sets"]), sets={c: dict(fs) for c, fs in k["sets"].items()})
+    if "choices" in k: return Knob(k["field"], choices=tuple(k["choices"]))
+    return Knob(k["field"], k["low"], k["high"], log=bool(k.get("log")), integer=bool(k.get("integer")))
+
+def study_name(plan: P.Plan, # the study's plan
+               results, # the results store the plan is in
+              ) -> str:
+    "The plan's folder relative to the results store (`dcml/certified`, `pretrained/dcml/certified`): the tuner's study."
+    try: return Path(plan.path).parent.resolve().relative_to(Path(results).resolve()).as_posix()
+    except ValueError: raise P.PlanError(f"{plan.path} is not in the results store {results}: name it with --results") from None
+
+def searched_arm(plan: P.Plan, # the study's plan
+                 arm: str | None = None, # an arm of its `search.space` (None: the method's)
+                ) -> str:
+    "The arm the plan searches anew: `arm`, or the method's; a one-line `PlanError` for a plan that re-scores stored trials or does not search the arm."
+    s, arm = plan.data["search"], arm or plan.method
+    if s["kind"] != "search": raise P.PlanError(f"{plan.path} re-scores stored trials (search.kind {s['kind']}): it runs no new trial; read them as search.source says")
+    if arm not in s.get("space", {}): raise P.PlanError(f"{plan.path} searches no {quote(arm)} arm (search.space: {', '.join(s.get('space', {})) or 'none'}); its stored selection is reused")
+    return arm
+
+def plan_tuning(plan: P.Plan, # the study's plan
+                results, # the results store the plan is in
+                start=None, # a finished run whose configuration the search starts from (None: the stored start, else the study's arm)
+                arm: str | None = None, # the searched arm (`searched_arm`)
+               ):
+    "The `Tuning` of one searched arm of the plan: its start with the arm's fields, pinned to the plan; the plan's space, budget, trial length and seed; the method's under its criterion."
+    from dml_book.tune import Tuning, set_fields, ACTIVE
+    from dml_book.study_design import Study, config_fields
+    m, s = plan.method, plan.data["search"]; arm = searched_arm(plan, arm)
+    stored = _stored_start(plan, arm)
+    if start is None and stored is not None: cfg = stored   # the selection, a resumed search: the search's own start
+    elif start is None:
+        from dml_book.selection import active_tuning
+        cfg = active_tuning(m, plan.data["regime"]).study.arms[m + ACTIVE if arm == m else arm]
+        cfg = P.run_config(plan, set_fields(cfg, plan.data["arms"][arm].get("fields", {})))
+    else: cfg = replace(P.arm_config(plan, arm, start, plan.data["decision_seeds"][0], Path(plan.path).parent), seed=0, out="")
+    knobs = tuple(_knob(k) for k in s["space"][arm])
+    flat, d = config_fields(cfg), P.method_defaults(cfg.method) if cfg.method else {}   # a coupled knob's fields the start leaves to the class: its defaults
+    cfg = set_fields(cfg, {f: d[f] for k in knobs if k.sets for f in k.all_fields() if f not in flat and f in d})
+    if arm == m: P.check_structure(s["space"][arm], {**d, **config_fields(cfg)}, plan.data["structure"], f"{arm}'s search start")   # the paper's structure, in the start and the space
+    if stored is not None and asdict(cfg) != asdict(stored):
+        raise P.PlanError(f"the plan's search of {arm} started from another configuration ({_start_file(plan, arm)}): name the same --pick, or none")
+    study = Study(study_name(plan, results), {arm: cfg}, {arm: ()}, main=(arm,), baseline=arm)
+    return Tuning(study, {arm: knobs}, s["trials"], s["epochs"], s["seed"], constrained=(arm,) if arm == m else ())
+
+def _complete(results, name: str, arm: str) -> set:
+    from dml_book.tuning_report import read_trials
+    t = read_trials(results, name, (arm,))
+    return set() if t is None else {int(n) for n in t[t.state == "COMPLETE"].number}
+
+def search(plan: P.Plan, # the study's plan
+           results, # the results store the plan is in
+           start=None, # the search's start (`plan_tuning`)
+           arm: str | None = None, # the searched arm (None: the method's)
+           jobs: int = 1, # trials side by side (processes)
+           log=print, # where one line per trial goes
+          ) -> list[int]:
+    "Run the plan's search of the arm (`tune.tune`, resuming its storage) until its budget is complete; the trials this call finished."
+    from dml_book.tune import tune
+    from dml_book.files import make_folder, write_json
+    t = plan_tuning(plan, results, start, arm); arm = t.study.main[0]
+    if _stored_start(plan, arm) is None:   # before the first trial: a resumed search and the selection start from it too
+        make_folder(_start_file(plan, arm).parent, results); write_json(_start_file(plan, arm), dict(config=asdict(t.study.arms[arm])), indent=1)
+    before = _complete(results, t.study.name, arm)
+    tune(t, results, jobs=jobs, arms=(arm,), log=log)
+    return sorted(_complete(results, t.study.name, arm) - before)
+
+def select(plan: P.Plan, # the study's plan
+           results, # the results store the plan is in
+           arm: str | None = None, # the searched arm (None: the method's)
+           log=print, # where one line per run goes
+          ) -> list[int]:
+    "Train the selection's missing candidate runs of the arm under the plan and write its `selection.csv` with the pick; the candidates trained (once per seed)."
+    from dml_book.tune import run_trial
+    from dml_book.train import TrainingDiverged
+    from dml_book.selection import arm_trials, selection_plan, selection_frame, selection_folder
+    from dml_book.files import write_text
+    sel, arm = plan.data["selection"], searched_arm(plan, arm)
+    if _stored_start(plan, arm) is None or not _complete(results, study_name(plan, results), arm):
+        raise P.PlanError(f"{plan.path}: no trial of the search of {arm} is stored: run --phase search first")
+    tuning = plan_tuning(plan, results, arm=arm)
+    seeds, trained, ranked = tuple(sel["seeds"]), [], arm_trials(tuning, arm, results)
+    for k, seed, cfg in selection_plan(tuning, arm, ranked, results, seeds, sel["candidates"]):
+        run, name = Path(cfg.out), f"{arm}/selection/trial{k}/seed{seed}"
+        if (run/"run.json").is_file() and any((run/n).is_file() for n in P.RUN_RECORDS):   # finished (`run_trial` writes run.json last)
+            try: P.check_run(run, plan); log(f"{name}: stored under the plan")
+            except ConfigError as e: log(f"{name}: left alone: {e}")
+            continue
+        try: final = run_trial(cfg, 1, results); said = f"validation R@1 {100 * final['val_R@1']:.2f}"
+        except TrainingDiverged as e: said = f"diverged: {e}"
+        log(f"{name}: {said}"); trained.append(k)
+    frame = selection_frame(tuning, arm, results, ranked, judged=arm == plan.method, seeds=seeds, n=sel["candidates"])
+    write_text(selection_folder(results, tuning, arm).with_name("selection.csv"), frame.to_csv(index=False))
+    best, done = frame[frame.picked], len(frame) and (frame.seeds >= len(seeds)).all()
+    log(f"{arm}: picked trial {int(best.candidate.iloc[0])} (validation R@1 {best.val_R1.iloc[0]:.2f}): --pick {selection_folder(results, tuning, arm)}/trial{int(best.candidate.iloc[0])}/seed{seeds[0]}"
+        if len(best) else f"{arm}: no pick" + (": no candidate met the criterion in every seed without diverging" if done else " yet"))
+    return trained
+
+def _start_file(plan: P.Plan, arm: str) -> Path: return Path(plan.path).parent/"tuning"/arm/"start.json"
+
+def _stored_start(plan: P.Plan, arm: str):
+    "The configuration the plan's search of `arm` started from (`start.json`, written before its first trial); None before the search."
+    from dml_book.files import read_json
+    from dml_book.train import TrainConfig
+    f = _start_file(plan, arm)
+    if not f.is_file(): return None
+    c = read_json(f, {"config": (lambda v: isinstance(v, dict), "the search's start")}, "restore it from the repository")["config"]
+    return TrainConfig(**{k: tuple(v) if isinstance(getattr(TrainConfig(), k), tuple) else v for k, v in c.items() if k in {x.name for x in fields(TrainConfig)}})
 
 # %% ../nbs/11j_certify.ipynb #9dd38c62
 def parser() -> argparse.ArgumentParser:
@@ -80,11 +200,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("method"); ap.add_argument("--pretrained", action="store_true", help="the pretrained regime's plan")
     ap.add_argument("--plan", required=True, help="the committed certified/plan.json")
     ap.add_argument("--phase", required=True, choices=PHASES)
-    ap.add_argument("--pick", required=True, help="a finished run of the arm's pick (null and the method arm: the method's)")
-    ap.add_argument("--arm", default=None, help="decide: baseline or the method")
+    ap.add_argument("--pick", default=None, help="a finished run of the arm's pick (null and the method arm: the method's); search: its start (default: the study's arm)")
+    ap.add_argument("--arm", default=None, help="decide: baseline or the method; search, select: an arm the plan searches (default: the method)")
     ap.add_argument("--first", type=int, default=None, help="only the first N decision seeds")
     ap.add_argument("--shard", default="0/1", help="I/K: this process trains every K-th seed from the I-th")
     ap.add_argument("--results", default="results", help="the results store the plan is in")
+    ap.add_argument("--jobs", type=int, default=1, help="search: trials side by side (processes)")
     return ap
 
 def main(argv=None, # the arguments (None: sys.argv)
@@ -97,7 +218,7 @@ def main(argv=None, # the arguments (None: sys.argv)
     except ValueError: sys.exit(f"certify: error: --shard {a.shard!r} is invalid: expected I/K, e.g. 0/2")
     try:
         plan = certified_plan(a.method, a.plan, "pretrained" if a.pretrained else "from scratch")
-        done = run_phase(plan, a.phase, a.pick, a.results, a.arm, a.first, (i, k), log=lambda s: log(s) if log is not print else print(s, flush=True))
+        done = run_phase(plan, a.phase, a.pick, a.results, a.arm, a.first, (i, k), log=lambda s: log(s) if log is not print else print(s, flush=True), jobs=a.jobs)
         if a.phase == "null" and (i, k) == (0, 1): log(f"null: {off_null(plan)}")
         return done
     except ConfigError as e: sys.exit(f"certify: error: {e}")

@@ -1,5 +1,5 @@
 "The package is the notebooks' export, the notebooks are clean, and README.md is index.ipynb: checked in a copy of the tree."
-import filecmp, shutil, subprocess, sys
+import filecmp, json, shutil, subprocess, sys
 from pathlib import Path
 import pytest
 
@@ -33,9 +33,16 @@ def test_notebooks_are_clean(tmp_path):
 
 
 def test_readme_is_the_index_notebook(tmp_path):
-    "README.md is nbconvert's markdown of index.ipynb, its links to pages of the book made links to their notebooks."
-    subprocess.run([BIN/"jupyter", "nbconvert", "--to", "markdown", str(ROOT/"nbs"/"index.ipynb"), "--output-dir", str(tmp_path),
-                    "--output", "README"], check=True, capture_output=True)
+    """README.md is nbconvert's markdown of index.ipynb, its links to pages of the book made links to their notebooks, and
+    the forest plot's cell (code and figure) one line: the home page's saved figure, `nbs/images/first_screen.png`."""
     sys.path.insert(0, str(ROOT/"tools"))
-    from navigation import notebook_links
-    assert notebook_links((tmp_path/"README.md").read_text()) == (ROOT/"README.md").read_text(), "run `make readme` and commit README.md"
+    from navigation import notebook_links, FIGURE, FIGURE_ID
+    index = json.loads((ROOT/"nbs"/"index.ipynb").read_text())
+    index["cells"] = [c for c in index["cells"] if c.get("id") != FIGURE_ID]   # nbconvert would show its code and a figure file of its own
+    (tmp_path/"index.ipynb").write_text(json.dumps(index))
+    subprocess.run([BIN/"jupyter", "nbconvert", "--to", "markdown", str(tmp_path/"index.ipynb"), "--output-dir", str(tmp_path),
+                    "--output", "README"], check=True, capture_output=True)
+    figure = f"![Every line of the table above with its 95% interval](nbs/{FIGURE.as_posix()})\n\n"
+    readme = (ROOT/"README.md").read_text()
+    assert readme.count(figure) == 1 and (ROOT/"nbs"/FIGURE).is_file(), "README.md shows the forest plot once, from the home page's saved figure: make readme"
+    assert notebook_links((tmp_path/"README.md").read_text()) == readme.replace(figure, ""), "run `make readme` and commit README.md"
