@@ -169,6 +169,7 @@ SHOWN = ["method", "regime", "settings", "versus", "diff", "low", "high", "seeds
 
 class Findings(pd.DataFrame):
     "The frame `findings` returns: a plain DataFrame that prints the columns a verdict is read by (`SHOWN`), every one of them, and names the others."
+    def __init__(self, *args, **kwargs): super().__init__(*args, **kwargs)   # pandas' own signature names types it imports for type checkers only, which the docs cannot resolve
     def __repr__(self):
         shown = [c for c in SHOWN if c in self.columns]; rest = [c for c in self.columns if c not in shown]
         with pd.option_context("display.width", 250, "display.max_columns", None, "display.max_rows", None, "display.precision", 3):

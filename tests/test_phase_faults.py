@@ -38,9 +38,15 @@ def tuned(tmp_path_factory):
     return t, base
 
 
-SCRIPT = """import sys; sys.path.insert(0, {here!r})
+SCRIPT = """import os, sys; sys.path.insert(0, {here!r})
+import dml_book.train as train
 from test_tune_active import dmml_tuning
 from dml_book.selection import run_selection
+write = train.write_checkpoint
+def write_then_stop(state, path):   # the fault, at a fixed place whatever the machine's load: right after the first candidate's first checkpoint
+    write(state, path)
+    if path.name == "checkpoint.pt": os.kill(os.getpid(), {sig})
+train.write_checkpoint = write_then_stop
 run_selection(dmml_tuning(trials=3), ("dmml",), {root!r}, log=lambda s: None)
 """
 
@@ -50,14 +56,9 @@ def test_a_selection_stopped_part_way_resumes_to_the_same_numbers(tuned, tmp_pat
     t, base = tuned
     shutil.copytree(base/"store", tmp_path/"s"); root = tmp_path/"s"
     sel = root/"tiny"/"tuning"/"dmml"/"selection"
-    p = subprocess.Popen([sys.executable, "-c", SCRIPT.format(here=str(HERE), root=str(root))], env=dict(os.environ, OMP_NUM_THREADS="1"),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not list(sel.glob("trial*/seed*/checkpoint.pt")) and time.monotonic() < deadline and p.poll() is None: time.sleep(0.02)
-        os.kill(p.pid, sig)   # inside the first candidate's training
-    finally: p.wait(timeout=60)
-    assert p.returncode != 0   # it was stopped, not finished
+    p = subprocess.run([sys.executable, "-c", SCRIPT.format(here=str(HERE), root=str(root), sig=int(sig))], env=dict(os.environ, OMP_NUM_THREADS="1"),
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, timeout=300)
+    assert p.returncode != 0 and list(sel.glob("trial*/seed*/checkpoint.pt"))   # stopped inside the first candidate's training, not finished
     frame, cost = _select(t, root)
     whole = pd.read_csv(base/"whole"/"tiny"/"tuning"/"dmml"/"selection.csv")
     assert (root/"tiny"/"tuning"/"dmml"/"selection.csv").read_text() == (base/"whole"/"tiny"/"tuning"/"dmml"/"selection.csv").read_text()

@@ -53,7 +53,8 @@ def test_wheel_ships_the_studies_summaries_and_no_logs(installed):
     shipped = {n[len("dml_book/_results/"):] for n in names if n.startswith("dml_book/_results/")}
     for f in [*(ROOT/"results").rglob("study.json"), *(ROOT/"results").rglob("metrics.json"), *(ROOT/"results").rglob("infeasible.json")]:
         assert str(f.relative_to(ROOT/"results")) in shipped, f
-    assert {Path(n).name for n in shipped} <= {"study.json", "study_time.json", "metrics.json", "run.json", "diverged.json", "infeasible.json"}
+    assert {Path(n).name for n in shipped} <= {"study.json", "study_time.json", "metrics.json", "run.json", "diverged.json", "infeasible.json",
+                                               "plan.json", "deviations.json", "deviations_before_plans.json"}   # and the certified plans with their records
     assert wheel.stat().st_size < 8 << 20, wheel.stat().st_size   # the summaries are small; checkpoints and logs would not be
 
 
