@@ -38,7 +38,8 @@ def tuned(tmp_path_factory):
     return t, base
 
 
-SCRIPT = """import os, sys; sys.path.insert(0, {here!r})
+SCRIPT = """import os, signal, sys; sys.path.insert(0, {here!r})
+signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C as a terminal gives it, even where this test runs with SIGINT ignored (a background job)
 import dml_book.train as train
 from test_tune_active import dmml_tuning
 from dml_book.selection import run_selection
